@@ -1,0 +1,21 @@
+"""jaxcc: collective communication for JAX that stays fast on real, imperfect networks."""
+
+from jaxcc import schedules, sim
+from jaxcc.collectives import all_gather, all_reduce, broadcast, ppermute, reduce_scatter
+from jaxcc.schedules import Schedule, plan
+from jaxcc.topology import Topology
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Schedule",
+    "Topology",
+    "all_gather",
+    "all_reduce",
+    "broadcast",
+    "plan",
+    "ppermute",
+    "reduce_scatter",
+    "schedules",
+    "sim",
+]

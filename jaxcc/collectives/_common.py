@@ -1,0 +1,69 @@
+"""What every collective checks at trace time, and how it finds its schedule."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcc._src import compat
+from jaxcc.schedules.ir import Schedule
+from jaxcc.schedules.planner import check_algorithm, schedule_for
+from jaxcc.topology import Topology
+
+EXECUTORS = ("auto", "native", "xla")
+# The network assumed when no topology is given: uniform 25 GB/s ports (a 200 Gb/s NIC).
+DEFAULT_BANDWIDTH = 25e9
+# Dtypes the reduction kernel (jaxcc_reduce) takes.
+REDUCIBLE = tuple(np.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64,
+                                        jnp.int32, jnp.int64, jnp.uint32, jnp.int8, jnp.uint8))
+
+
+def check_axis(api: str, axis_name, executor: str, codec) -> int:
+  """Validate the arguments every collective takes; return the axis size."""
+  size = compat.axis_size(axis_name, api)
+  if codec is not None:
+    raise ValueError(f"{api}: codec={codec!r} is not available yet; use codec=None")
+  if executor not in EXECUTORS:
+    raise ValueError(f"{api}: executor must be one of {EXECUTORS}, got {executor!r}")
+  if executor == "native":
+    raise NotImplementedError(
+        f"{api}: executor='native' is not built yet; use executor='auto' or 'xla'")
+  return size
+
+
+def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
+            topology: Topology | None, codec) -> tuple[int, Topology]:
+  """Validate the arguments; return the axis size and the topology to plan on."""
+  size = check_axis(api, axis_name, executor, codec)
+  if not isinstance(algorithm, str):
+    raise TypeError(f"{api}: algorithm must be a str, got {algorithm!r}")
+  if algorithm != "lax":
+    check_algorithm(collective, algorithm)
+  if topology is None:
+    topology = Topology.uniform(size, DEFAULT_BANDWIDTH)
+  elif not isinstance(topology, Topology):
+    raise TypeError(f"{api}: topology must be a jaxcc.Topology or None, got "
+                    f"{type(topology).__name__}")
+  elif topology.size != size:
+    raise ValueError(f"{api}: topology has {topology.size} ranks but axis {axis_name!r} has "
+                     f"{size}; build the topology for {size} ranks")
+  return size, topology
+
+
+def check_reducible(api: str, dtype) -> None:
+  if np.dtype(dtype) not in REDUCIBLE:
+    raise TypeError(f"{api}: cannot sum dtype {np.dtype(dtype).name}; supported: "
+                    f"{', '.join(d.name for d in REDUCIBLE)}")
+
+
+def check_dimension(api: str, name: str, dim, ndim: int) -> int:
+  """``dim`` normalised to [0, ndim), or a ValueError naming the argument."""
+  if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+    raise ValueError(f"{api}: {name}={dim!r} is out of range for an array of rank {ndim}")
+  return dim % ndim
+
+
+def schedule(collective: str, x_size: int, dtype, params: dict, root: int = 0) -> Schedule:
+  """The schedule for a buffer of ``x_size`` elements under the primitive's params."""
+  return schedule_for(collective, x_size, np.dtype(dtype).itemsize, params["topology"],
+                      params["algorithm"], root)

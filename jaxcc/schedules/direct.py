@@ -1,0 +1,52 @@
+"""Direct (all-pairs) algorithms over shards of any sizes, pipelined over chunks.
+
+Rank j owns shard j of ``w_j`` elements (``sum w = N``). Per chunk, one
+reduce-scatter step (every rank sends its piece of shard j to j, which sums
+all p contributions in one multi-input reduce) and one all-gather step (j
+sends the reduced piece to every other rank). Rank i sends and receives
+``N + (p-2) w_i`` elements in ``2 * chunks`` steps; a rank with ``w_i = 0``
+only scatters its input and gathers the result (N each way).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder
+from jaxcc.schedules.pieces import equal_shards, piece_grid
+
+
+def weighted_direct(collective: str, length: int, p: int, itemsize: int, chunks: int,
+                    shard_bounds: np.ndarray, algorithm: str) -> Schedule:
+  """Direct reduce-scatter and/or all-gather with shard j = ``shard_bounds[j:j+2]``."""
+  tb = TableBuilder()
+  grid = piece_grid(shard_bounds, chunks)
+  rs = collective in ("all_reduce", "reduce_scatter")
+  ag = collective in ("all_reduce", "all_gather")
+  for c in range(chunks):
+    for owner in range(p):
+      lo, hi = grid[owner, c]
+      for k in range(1, p):
+        if rs:
+          tb.add(2 * c, (owner - k) % p, owner, lo, lo, hi - lo, REDUCE)
+        if ag:
+          tb.add(2 * c + 1, owner, (owner + k) % p, lo, lo, hi - lo, COPY)
+  return tb.build(collective, p, length, itemsize, algorithm, chunks=chunks)
+
+
+def direct(collective: str, length: int, p: int, itemsize: int, chunks: int) -> Schedule:
+  """Direct algorithm with equal shards.
+
+  Bytes sent per rank: ``2(p-1)/p * N`` (all_reduce), ``(p-1)/p * N``
+  (reduce_scatter, all_gather); steps: 2 or 1 per chunk.
+  """
+  return weighted_direct(collective, length, p, itemsize, chunks, equal_shards(length, p),
+                         "direct")
+
+
+def direct_broadcast(length: int, p: int, itemsize: int, root: int) -> Schedule:
+  """The root sends the whole buffer to every rank: ``(p-1) N`` bytes from the root, 1 step."""
+  tb = TableBuilder()
+  for k in range(1, p):
+    tb.add(0, root, (root + k) % p, 0, 0, length, COPY)
+  return tb.build("broadcast", p, length, itemsize, "direct", root=root)

@@ -1,0 +1,78 @@
+"""OptCC: all-reduce under asymmetric bandwidth (arXiv 2606.01680, as rebuilt in research/optcc.md).
+
+Rank i owns a shard of ``w_i`` elements chosen from the bandwidth vector so that
+every port is busy for the same time: rank i sends and receives
+``N + (p-2) w_i``, so ``w_i = max(0, (T B_i - N) / (p-2))`` with T the
+smallest time for which the shards cover N. This reaches the lower bound
+``max(N / B_min, 2(p-1) N / sum B)`` in the fluid limit. A rank too slow to own
+anything (``w_i = 0``) only scatters its input and gathers the result.
+
+Each of the K chunks runs four stages, pipelined across chunks:
+  S1  scatter-in:   zero-share ranks -> owners, reduce
+  S2  reduce-scatter among owners (direct), reduce
+  S3  all-gather among owners (direct), copy
+  S4  gather-out:   owners -> zero-share ranks, copy
+Within a stage the slowest ports go first, so a slow rank never waits behind
+fast traffic. Steps: 4 per chunk (2 when every rank owns a shard).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder, split_weighted
+from jaxcc.schedules.pieces import piece_grid
+
+
+def optimal_shares(bandwidth: Sequence[float]) -> np.ndarray:
+  """Fractions ``w_i / N`` that minimise ``max_i (N + (p-2) w_i) / B_i`` (water-filling)."""
+  b = np.asarray(bandwidth, dtype=np.float64)
+  p = len(b)
+  if p <= 2:
+    return b / b.sum()
+  fastest_first = np.sort(b)[::-1]
+  for k in range(p, 0, -1):
+    t = (p - 2 + k) / fastest_first[:k].sum()  # time in units of N, k owners
+    if t * fastest_first[k - 1] >= 1.0:
+      break
+  w = np.maximum(0.0, (t * b - 1.0) / (p - 2))
+  return w / w.sum()
+
+
+def optcc(length: int, p: int, itemsize: int, chunks: int,
+          bandwidth: Sequence[float]) -> Schedule:
+  """OptCC all_reduce for ranks with port bandwidths ``bandwidth``.
+
+  Bytes sent (and received) per rank: ``N + (p-2) w_i``; steps: 4 per chunk.
+  """
+  tb = TableBuilder()
+  bw = np.asarray(bandwidth, dtype=np.float64)
+  shards = split_weighted(length, optimal_shares(bw))
+  grid = piece_grid(shards, chunks)
+  owns = np.diff(shards) > 0
+  slow_first = [int(r) for r in np.argsort(bw, kind="stable")]
+  owners = [r for r in slow_first if owns[r]]
+  leaves = [r for r in slow_first if not owns[r]]
+  for c in range(chunks):
+    s1, s2, s3, s4 = 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3
+    for src in leaves:
+      for owner in owners:
+        lo, hi = grid[owner, c]
+        tb.add(s1, src, owner, lo, lo, hi - lo, REDUCE)
+    for src in owners:
+      for owner in owners:
+        if owner != src:
+          lo, hi = grid[owner, c]
+          tb.add(s2, src, owner, lo, lo, hi - lo, REDUCE)
+    for dst in owners:
+      for owner in owners:
+        if owner != dst:
+          lo, hi = grid[owner, c]
+          tb.add(s3, owner, dst, lo, lo, hi - lo, COPY)
+    for dst in leaves:
+      for owner in owners:
+        lo, hi = grid[owner, c]
+        tb.add(s4, owner, dst, lo, lo, hi - lo, COPY)
+  return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)

@@ -1,0 +1,26 @@
+"""Shards and pipeline chunks: how algorithms cut a buffer into pieces.
+
+Every algorithm here works on a grid: the buffer is cut into per-rank shards
+(``shard_bounds``, p + 1 boundaries) and each shard into ``chunks`` near-equal
+pipeline pieces. Piece ``(j, c)`` is chunk ``c`` of shard ``j``; chunk ``c``
+is pipeline stage ``c`` of every shard.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxcc.schedules.ir import split
+
+
+def piece_grid(shard_bounds: np.ndarray, chunks: int) -> np.ndarray:
+  """Starts and stops of every piece: int64 array ``(p, chunks, 2)``."""
+  shard_bounds = np.asarray(shard_bounds, dtype=np.int64)
+  sizes = np.diff(shard_bounds)
+  cuts = (sizes[:, None] * np.arange(chunks + 1)[None, :]) // chunks + shard_bounds[:-1, None]
+  return np.stack([cuts[:, :-1], cuts[:, 1:]], axis=-1)
+
+
+def equal_shards(length: int, p: int) -> np.ndarray:
+  """p near-equal shards of ``length`` (exact tiles when p divides it)."""
+  return split(length, p)

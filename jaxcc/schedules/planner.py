@@ -1,0 +1,120 @@
+"""plan(): from (collective, size, topology, algorithm) to a Schedule."""
+
+from __future__ import annotations
+
+import functools
+
+from jaxcc.schedules.direct import direct, direct_broadcast
+from jaxcc.schedules.ir import Schedule
+from jaxcc.schedules.optcc import optcc
+from jaxcc.schedules.r2ccl import r2ccl
+from jaxcc.schedules.ring import chain_broadcast, ring
+from jaxcc.topology import Topology
+
+ALGORITHMS = {
+    "all_reduce": ("ring", "direct", "optcc", "r2ccl"),
+    "reduce_scatter": ("ring", "direct"),
+    "all_gather": ("ring", "direct"),
+    "broadcast": ("ring", "direct"),
+}
+# What "auto" chooses among: every algorithm but the baselines kept for comparison.
+AUTO_CANDIDATES = {
+    "all_reduce": ("ring", "direct", "optcc"),
+    "reduce_scatter": ("ring", "direct"),
+    "all_gather": ("ring", "direct"),
+    "broadcast": ("ring", "direct"),
+}
+# Pipeline depth: pieces of at least MIN_PIECE_BYTES, at most MAX_CHUNKS chunks.
+MIN_PIECE_BYTES = 64 << 10
+MAX_CHUNKS = 64
+
+
+def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "auto", *,
+         itemsize: int = 4, root: int = 0, chunks: int | None = None) -> Schedule:
+  """The schedule of ``collective`` on ``nbytes`` per rank over ``topology``.
+
+  Args:
+    collective: "all_reduce", "reduce_scatter", "all_gather" or "broadcast".
+    nbytes: bytes of each rank's buffer (the full, unscattered buffer).
+    topology: the ranks and their bandwidths.
+    algorithm: one of ``ALGORITHMS[collective]``, or "auto" for the candidate
+      with the smallest simulated time.
+    itemsize: bytes per element; ``nbytes`` must be a multiple of it.
+    root: the source rank of a broadcast.
+    chunks: pipeline depth; by default from the cost model (``choose_chunks``).
+
+  Returns:
+    The Schedule (cached: equal arguments give the same object).
+  """
+  if not isinstance(topology, Topology):
+    raise TypeError(f"plan: topology must be a jaxcc.Topology, got {type(topology).__name__}")
+  if not isinstance(itemsize, int) or itemsize < 1:
+    raise ValueError(f"plan: itemsize must be a positive integer, got {itemsize!r}")
+  if not isinstance(nbytes, int) or nbytes < 0 or nbytes % itemsize:
+    raise ValueError(
+        f"plan: nbytes must be a non-negative multiple of itemsize={itemsize}, got {nbytes!r}")
+  return schedule_for(collective, nbytes // itemsize, itemsize, topology, algorithm, root, chunks)
+
+
+@functools.lru_cache(maxsize=256)
+def schedule_for(collective: str, length: int, itemsize: int, topology: Topology,
+                 algorithm: str, root: int = 0, chunks: int | None = None) -> Schedule:
+  """``plan`` in elements; validated, cached."""
+  p = topology.size
+  check_algorithm(collective, algorithm)
+  if collective in ("reduce_scatter", "all_gather") and length % p:
+    raise ValueError(
+        f"{collective}: the buffer of {length} elements does not split into {p} equal shards; "
+        f"the scattered/gathered dimension must be divisible by the axis size {p}")
+  if collective == "broadcast" and not (isinstance(root, int) and 0 <= root < p):
+    raise ValueError(f"broadcast: root must be a rank in [0, {p}), got {root!r}")
+  if algorithm == "auto":
+    from jaxcc.sim import simulate  # the simulator plans with the schedules; import late
+    best = None
+    for name in AUTO_CANDIDATES[collective]:
+      sched = schedule_for(collective, length, itemsize, topology, name, root, chunks)
+      t = simulate(sched, topology).time
+      if best is None or t < best[0]:
+        best = (t, sched)
+    return best[1]
+  k = chunks if chunks is not None else choose_chunks(collective, length * itemsize, p)
+  if not isinstance(k, int) or k < 1:
+    raise ValueError(f"plan: chunks must be a positive integer, got {k!r}")
+  bw = topology.bandwidth
+  if collective == "broadcast":
+    if algorithm == "direct":
+      return direct_broadcast(length, p, itemsize, root)
+    return chain_broadcast(length, p, itemsize, k, root)
+  if algorithm == "ring":
+    return ring(collective, length, p, itemsize, k)
+  if algorithm == "direct":
+    return direct(collective, length, p, itemsize, k)
+  if algorithm == "optcc":
+    return optcc(length, p, itemsize, k, bw)
+  return r2ccl(length, p, itemsize, k, bw)
+
+
+def check_algorithm(collective: str, algorithm: str) -> None:
+  """Raise a ValueError naming the choices if ``algorithm`` does not fit ``collective``."""
+  if collective not in ALGORITHMS:
+    raise ValueError(f"unknown collective {collective!r}; expected one of {tuple(ALGORITHMS)}")
+  if algorithm != "auto" and algorithm not in ALGORITHMS[collective]:
+    others = [c for c, algs in ALGORITHMS.items() if algorithm in algs]
+    hint = f" ({algorithm!r} is for {', '.join(others)} only)" if others else ""
+    raise ValueError(
+        f"{collective}: unsupported algorithm {algorithm!r}{hint}; "
+        f"expected one of {('auto',) + ALGORITHMS[collective]}")
+
+
+def choose_chunks(collective: str, nbytes: int, p: int) -> int:
+  """Pipeline depth K: the largest power of two <= MAX_CHUNKS keeping pieces >= MIN_PIECE_BYTES.
+
+  Fill and drain of the pipeline cost about one piece per port, so deeper is
+  better until per-message costs dominate; pieces of a shard are
+  ``nbytes / (p K)`` bytes (``nbytes / K`` for a broadcast chain).
+  """
+  per_chunk = nbytes if collective == "broadcast" else nbytes / max(p, 1)
+  k = 1
+  while 2 * k <= MAX_CHUNKS and per_chunk / (2 * k) >= MIN_PIECE_BYTES:
+    k *= 2
+  return k

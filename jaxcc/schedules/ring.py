@@ -1,0 +1,84 @@
+"""Ring algorithms (NCCL's ring), pipelined over chunks.
+
+All-reduce is a ring reduce-scatter followed by a ring all-gather. With ``p``
+ranks and ``N`` bytes each rank sends and receives ``2(p-1)/p * N`` bytes in
+``2(p-1)`` steps per chunk; every link carries the same volume, so one slow
+rank slows the whole ring to ``T_ff / b``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder
+from jaxcc.schedules.pieces import equal_shards, piece_grid
+
+
+def add_ring_reduce_scatter(tb: TableBuilder, grid: np.ndarray, order: Sequence[int],
+                            step0: int, stride: int, chunk: int) -> None:
+  """Ring reduce-scatter of one chunk among ``order``; ``order[i]`` ends owning shard i.
+
+  At step j, ``order[i]`` sends its partial sum of shard ``i - 1 - j`` to
+  ``order[i + 1]``, which adds its own: ``m - 1`` steps of one piece per rank.
+  ``grid`` is the piece grid indexed by position in ``order``.
+  """
+  m = len(order)
+  for j in range(m - 1):
+    for i in range(m):
+      shard = (i - 1 - j) % m
+      lo, hi = grid[shard, chunk]
+      tb.add(step0 + j * stride, order[i], order[(i + 1) % m], lo, lo, hi - lo, REDUCE)
+
+
+def add_ring_all_gather(tb: TableBuilder, grid: np.ndarray, order: Sequence[int],
+                        step0: int, stride: int, chunk: int) -> None:
+  """Ring all-gather of one chunk among ``order``; ``order[i]`` starts with shard i.
+
+  At step j, ``order[i]`` forwards shard ``i - j`` to ``order[i + 1]``:
+  ``m - 1`` steps of one piece per rank.
+  """
+  m = len(order)
+  for j in range(m - 1):
+    for i in range(m):
+      shard = (i - j) % m
+      lo, hi = grid[shard, chunk]
+      tb.add(step0 + j * stride, order[i], order[(i + 1) % m], lo, lo, hi - lo, COPY)
+
+
+def ring(collective: str, length: int, p: int, itemsize: int, chunks: int) -> Schedule:
+  """Ring all_reduce, reduce_scatter or all_gather over ranks 0 -> 1 -> ... -> p-1 -> 0.
+
+  Bytes sent per rank: ``2(p-1)/p * N`` for all_reduce, ``(p-1)/p * N`` for
+  reduce_scatter and all_gather (N = the full buffer); steps: ``2(p-1)``,
+  ``p-1`` and ``p-1`` per chunk, chunks pipelined.
+  """
+  tb = TableBuilder()
+  grid = piece_grid(equal_shards(length, p), chunks)
+  order = list(range(p))
+  rs = collective in ("all_reduce", "reduce_scatter")
+  ag = collective in ("all_reduce", "all_gather")
+  per_chunk = (p - 1) * (int(rs) + int(ag))
+  for c in range(chunks):
+    base = c * per_chunk
+    if rs:
+      add_ring_reduce_scatter(tb, grid, order, base, 1, c)
+    if ag:
+      add_ring_all_gather(tb, grid, order, base + (p - 1) * int(rs), 1, c)
+  return tb.build(collective, p, length, itemsize, "ring", chunks=chunks)
+
+
+def chain_broadcast(length: int, p: int, itemsize: int, chunks: int, root: int) -> Schedule:
+  """Pipelined chain broadcast root -> root+1 -> ... : every rank but the last forwards.
+
+  Bytes sent per rank: N (the last rank in the chain sends nothing); steps:
+  ``chunks + p - 2``: chunk c crosses hop h at step c + h.
+  """
+  tb = TableBuilder()
+  bounds = piece_grid(np.array([0, length]), chunks)[0]
+  for c in range(chunks):
+    lo, hi = bounds[c]
+    for h in range(p - 1):
+      tb.add(c + h, (root + h) % p, (root + h + 1) % p, lo, lo, hi - lo, COPY)
+  return tb.build("broadcast", p, length, itemsize, "ring", root=root, chunks=chunks)
