@@ -1,0 +1,127 @@
+"""Schedules: the algorithms' volumes and steps, the planner, the IR's serialisation."""
+
+import numpy as np
+import pytest
+
+from jaxcc import Topology, plan
+from jaxcc.schedules import ALGORITHMS, COPY, REDUCE, optimal_shares
+from jaxcc.schedules.planner import MAX_CHUNKS, MIN_PIECE_BYTES, choose_chunks
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_ring_and_direct_volumes(p):
+  topo = Topology.uniform(p, 1.0)
+  n = 4 * p * 6
+  for alg in ("ring", "direct"):
+    ar = plan("all_reduce", n, topo, alg, chunks=2)
+    np.testing.assert_array_equal(ar.bytes_sent(), 2 * (p - 1) * n // p)
+    np.testing.assert_array_equal(ar.bytes_received(), 2 * (p - 1) * n // p)
+    for coll in ("reduce_scatter", "all_gather"):
+      s = plan(coll, n, topo, alg, chunks=2)
+      np.testing.assert_array_equal(s.bytes_sent(), (p - 1) * n // p)
+  assert plan("all_reduce", n, topo, "ring", chunks=3).num_steps == 3 * 2 * (p - 1)
+  assert plan("all_reduce", n, topo, "direct", chunks=3).num_steps == 3 * 2
+
+
+@pytest.mark.parametrize("p, b, expected", [  # research/optcc.md §5 table
+    (8, 0.875, 0.0926), (8, 0.75, 0.0591), (8, 0.5, 0.0), (16, 0.875, 0.0467),
+    (16, 0.75, 0.0306), (32, 0.875, 0.0234), (32, 0.75, 0.0155), (32, 0.5, 0.0)])
+def test_optimal_shares_match_closed_form(p, b, expected):
+  w = optimal_shares(Topology.uniform(p, 1.0).with_straggler(0, b).bandwidth)
+  assert w.sum() == pytest.approx(1.0)
+  assert w[0] == pytest.approx(expected, abs=5e-5)
+  np.testing.assert_allclose(w[1:], w[1])
+
+
+def test_optcc_volumes_balance_ports():
+  p, b, n = 8, 0.75, 8 << 20
+  topo = Topology.uniform(p, 1.0).with_straggler(3, b)
+  s = plan("all_reduce", n, topo, "optcc", itemsize=1)
+  w = optimal_shares(topo.bandwidth) * n
+  np.testing.assert_allclose(s.bytes_sent(), n + (p - 2) * w, rtol=1e-5)
+  np.testing.assert_allclose(s.bytes_received(), n + (p - 2) * w, rtol=1e-5)
+  busy = s.bytes_sent() / np.array(topo.bandwidth)
+  np.testing.assert_allclose(busy, busy.max(), rtol=1e-5)  # every port busy equally long
+
+
+def test_optcc_straggler_below_threshold_only_scatters_and_gathers():
+  p, n = 16, 1 << 20
+  s = plan("all_reduce", n, Topology.uniform(p, 1.0).with_straggler(5, 0.5), "optcc", itemsize=1)
+  assert s.bytes_sent()[5] == n and s.bytes_received()[5] == n
+  assert s.chunks == choose_chunks("all_reduce", n, p)
+
+
+def test_r2ccl_volume_model():
+  p, b, n = 8, 0.5, 1 << 20
+  s = plan("all_reduce", n, Topology.uniform(p, 1.0).with_straggler(0, b), "r2ccl", itemsize=1)
+  ring_part = 2 * (p - 1) / p * b * n
+  assert s.bytes_sent()[0] == pytest.approx(ring_part + (1 - b) * n, rel=1e-3)
+  assert s.bytes_received()[0] == pytest.approx(ring_part + (1 - b) * n, rel=1e-3)
+
+
+def test_broadcast_algorithms():
+  p, n = 5, 1000
+  topo = Topology.uniform(p, 1.0)
+  direct = plan("broadcast", n, topo, "direct", itemsize=1, root=2)
+  assert direct.bytes_sent()[2] == (p - 1) * n and direct.num_steps == 1
+  chain = plan("broadcast", n, topo, "ring", itemsize=1, root=2, chunks=4)
+  np.testing.assert_array_equal(chain.bytes_received(), [n, n, 0, n, n])
+  assert chain.num_steps == 4 + p - 2
+
+
+def test_choose_chunks():
+  assert choose_chunks("all_reduce", 1000, 8) == 1
+  assert choose_chunks("all_reduce", 8 * MIN_PIECE_BYTES * 4, 8) == 4
+  assert choose_chunks("all_reduce", 1 << 40, 8) == MAX_CHUNKS
+  assert choose_chunks("broadcast", MIN_PIECE_BYTES * 2, 8) == 2
+
+
+def test_table_serialisation_and_transfers():
+  s = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring")
+  assert s.table.dtype == np.int64 and s.table.shape == (12, 7)
+  assert not s.table.flags.writeable
+  steps = list(s.steps)
+  assert len(steps) == s.num_steps == 4
+  first = steps[0][0]
+  assert first.op in (COPY, REDUCE)
+  assert first.src_range[1] - first.src_range[0] == first.length
+  assert all(t.op == REDUCE for t in steps[0]) and all(t.op == COPY for t in steps[-1])
+
+
+def test_schedules_are_cached_and_hashable():
+  topo = Topology.uniform(4, 1.0)
+  a = plan("all_reduce", 4096, topo, "optcc")
+  assert a is plan("all_reduce", 4096, topo, "optcc")
+  assert a == plan("all_reduce", 4096, Topology.uniform(4, 1.0), "optcc")
+  assert hash(a) == hash(plan("all_reduce", 4096, Topology.uniform(4, 1.0), "optcc"))
+  assert a != plan("all_reduce", 4096, topo, "ring")
+
+
+@pytest.mark.parametrize("args, kwargs, error, match", [
+    (("all_reduce", 4096, Topology.uniform(4, 1.0), "bogus"), {}, ValueError,
+     "unsupported algorithm 'bogus'"),
+    (("reduce_scatter", 4096, Topology.uniform(4, 1.0), "optcc"), {}, ValueError,
+     "'optcc' is for all_reduce only"),
+    (("all_gather", 4096, Topology.uniform(4, 1.0), "r2ccl"), {}, ValueError,
+     "expected one of"),
+    (("gather", 4096, Topology.uniform(4, 1.0), "ring"), {}, ValueError, "unknown collective"),
+    (("all_reduce", 4097, Topology.uniform(4, 1.0), "ring"), {}, ValueError,
+     "multiple of itemsize=4"),
+    (("reduce_scatter", 4 * 6, Topology.uniform(4, 1.0), "ring"), {}, ValueError,
+     "divisible by the axis size 4"),
+    (("broadcast", 16, Topology.uniform(4, 1.0), "ring"), {"root": 4}, ValueError,
+     r"root must be a rank in \[0, 4\)"),
+    (("all_reduce", 16, None, "ring"), {}, TypeError, "topology must be a jaxcc.Topology"),
+    (("all_reduce", 16, Topology.uniform(4, 1.0), "ring"), {"chunks": 0}, ValueError,
+     "chunks must be a positive integer"),
+])
+def test_plan_errors(args, kwargs, error, match):
+  with pytest.raises(error, match=match):
+    plan(*args, **kwargs)
+
+
+def test_every_algorithm_plans_for_one_rank():
+  for coll, algs in ALGORITHMS.items():
+    for alg in algs:
+      s = plan(coll, 4 * 3, Topology.uniform(1, 1.0), alg)
+      assert len(s.table) == 0 and s.num_steps == 0
