@@ -24,9 +24,9 @@ def weighted_direct(collective: str, length: int, p: int, itemsize: int, chunks:
   rs = collective in ("all_reduce", "reduce_scatter")
   ag = collective in ("all_reduce", "all_gather")
   for c in range(chunks):
-    for owner in range(p):
-      lo, hi = grid[owner, c]
-      for k in range(1, p):
+    for k in range(1, p):  # round k: rank i sends to i + k, so no port gets two at once
+      for owner in range(p):
+        lo, hi = grid[owner, c]
         if rs:
           tb.add(2 * c, (owner - k) % p, owner, lo, lo, hi - lo, REDUCE)
         if ag:

@@ -12,8 +12,10 @@ Each of the K chunks runs four stages, pipelined across chunks:
   S2  reduce-scatter among owners (direct), reduce
   S3  all-gather among owners (direct), copy
   S4  gather-out:   owners -> zero-share ranks, copy
-Within a stage the slowest ports go first, so a slow rank never waits behind
-fast traffic. Steps: 4 per chunk (2 when every rank owns a shard).
+Steps (and so port priorities) run S1, S2, S4, S3: a slow rank's result
+leaves its owner before the owners exchange theirs. Within a stage the
+transfers go in rounds (owner i to owner i + k), so no port receives two
+pieces at once. Steps: 4 per chunk (2 when every rank owns a shard).
 """
 
 from __future__ import annotations
@@ -55,24 +57,24 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
   slow_first = [int(r) for r in np.argsort(bw, kind="stable")]
   owners = [r for r in slow_first if owns[r]]
   leaves = [r for r in slow_first if not owns[r]]
+  m = len(owners)
+  # Rows are in rounds: in round k owner i sends to owner i + k, and leaf l to owner
+  # k + offset(l), so no port receives two pieces at once; a leaf gets its results
+  # back in the order it sent its pieces.
+  leaf_order = [[owners[(k + l * m // max(len(leaves), 1)) % m] for k in range(m)]
+                for l in range(len(leaves))]
   for c in range(chunks):
-    s1, s2, s3, s4 = 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3
-    for src in leaves:
-      for owner in owners:
-        lo, hi = grid[owner, c]
-        tb.add(s1, src, owner, lo, lo, hi - lo, REDUCE)
-    for src in owners:
-      for owner in owners:
-        if owner != src:
-          lo, hi = grid[owner, c]
-          tb.add(s2, src, owner, lo, lo, hi - lo, REDUCE)
-    for dst in owners:
-      for owner in owners:
-        if owner != dst:
-          lo, hi = grid[owner, c]
-          tb.add(s3, owner, dst, lo, lo, hi - lo, COPY)
-    for dst in leaves:
-      for owner in owners:
-        lo, hi = grid[owner, c]
-        tb.add(s4, owner, dst, lo, lo, hi - lo, COPY)
+    s1, s2, s4, s3 = 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3
+    for k in range(m):
+      for leaf, order in zip(leaves, leaf_order):
+        lo, hi = grid[order[k], c]
+        tb.add(s1, leaf, order[k], lo, lo, hi - lo, REDUCE)
+        tb.add(s4, order[k], leaf, lo, lo, hi - lo, COPY)
+    for k in range(1, m):
+      for i, src in enumerate(owners):
+        dst = owners[(i + k) % m]
+        lo, hi = grid[dst, c]
+        tb.add(s2, src, dst, lo, lo, hi - lo, REDUCE)
+        lo, hi = grid[src, c]
+        tb.add(s3, src, dst, lo, lo, hi - lo, COPY)
   return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)

@@ -26,7 +26,7 @@ AUTO_CANDIDATES = {
 }
 # Pipeline depth: pieces of at least MIN_PIECE_BYTES, at most MAX_CHUNKS chunks.
 MIN_PIECE_BYTES = 64 << 10
-MAX_CHUNKS = 64
+MAX_CHUNKS = 128
 
 
 def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "auto", *,
