@@ -1,0 +1,263 @@
+"""Event-driven timing of a Schedule over per-rank ports (optcc.md §9).
+
+Every rank has a send (tx) port of ``topology.send_bandwidth[i]`` and a
+receive (rx) port of ``topology.recv_bandwidth[i]`` bytes/s. A transfer of
+``size = length * itemsize`` bytes is store-and-forward: it holds the sender's
+tx port for ``size / B_tx``, then waits for and holds the receiver's rx port for
+``size / B_rx``, and is delivered ``topology.message_latency(src, dst)`` later
+(with ``port_blocking_latency`` the rx port is held through the latency too).
+A port serves one message at a time: whenever it is free it takes, among the
+messages ready for it, the one of the smallest ``(step, row)`` in the table.
+All events of one instant are handled before a free port chooses, so messages
+that become ready at the same time are ordered by priority, not by event order.
+
+The program runs as dataflow over the ranges of the schedule, overlapping steps
+where the data allows; the data it computes equals the step-by-step (BSP) run:
+
+* a transfer of step ``t`` is ready for its tx port once every write of an
+  earlier step into the range it sends is applied (read after write);
+* a write (one COPY transfer, or a REDUCE group: the transfers of one step into
+  one rank) is applied once it is delivered (all of the group), once every
+  transfer that sends an overlapping range from that rank at a step ``<= t`` has
+  left the tx port (write after read), and once every earlier overlapping write
+  into that rank is applied (write after write).
+
+The completion time is the last time a write is applied.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxcc.schedules.ir import REDUCE, Schedule
+from jaxcc.sim.check import _starts, _unique, validate
+from jaxcc.topology import Topology
+
+
+class SimResult(NamedTuple):
+  """What ``simulate`` measured.
+
+  Attributes:
+    time: completion in seconds (the last write applied); 0.0 for an empty schedule.
+    tx_busy: seconds each rank's send port was busy, shape ``(p,)``.
+    rx_busy: seconds each rank's receive port was busy (latency included when
+      it blocks the port), shape ``(p,)``.
+    bytes_sent: bytes each rank sent, shape ``(p,)``.
+    bytes_received: bytes each rank received, shape ``(p,)``.
+    num_messages: number of transfers.
+  """
+
+  time: float
+  tx_busy: np.ndarray
+  rx_busy: np.ndarray
+  bytes_sent: np.ndarray
+  bytes_received: np.ndarray
+  num_messages: int
+
+
+def simulate(schedule: Schedule, topology: Topology, *,
+             port_blocking_latency: bool = False) -> SimResult:
+  """Times ``schedule`` on ``topology`` with per-rank send and receive queues.
+
+  Args:
+    schedule: a structurally valid schedule (``check`` proves it correct).
+    topology: one entry per rank of the schedule.
+    port_blocking_latency: hold the receive port through the message latency
+      (a per-message overhead) instead of treating latency as pure delay.
+
+  Returns:
+    A ``SimResult``.
+  """
+  p = schedule.nranks
+  if topology.size != p:
+    raise ValueError(f"simulate: topology has {topology.size} ranks but the schedule has {p}")
+  table = validate(schedule)
+  _, src, dst, _, _, n, _ = table.T
+  size = n * float(schedule.itemsize)
+  latency = np.asarray(topology.latency)
+  latency = np.maximum(latency[src], latency[dst])
+  tx = size / np.asarray(topology.send_bandwidth)[src]
+  rx = size / np.asarray(topology.recv_bandwidth)[dst]
+  if port_blocking_latency:
+    rx, latency = rx + latency, np.zeros_like(latency)
+  time = 0.0
+  if len(table):
+    # Millions of small lists and tuples: the cyclic GC only costs time here.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+      time = _run(src, dst, tx, rx, latency, *_dependencies(schedule), p)
+    finally:
+      if enabled:
+        gc.enable()
+  return SimResult(
+      time=time,
+      tx_busy=np.bincount(src, weights=tx, minlength=p),
+      rx_busy=np.bincount(dst, weights=rx, minlength=p),
+      bytes_sent=np.bincount(src, weights=size, minlength=p),
+      bytes_received=np.bincount(dst, weights=size, minlength=p),
+      num_messages=len(table))
+
+
+def _dependencies(schedule: Schedule):
+  """The dataflow graph between transfers and writes ("units").
+
+  Returns:
+    ``unit_of`` (the unit each transfer writes), ``need`` (per unit: the events
+    it waits for), ``raw_need`` (per transfer: the units it waits for), and the
+    adjacency lists ``raw_out`` (unit -> transfers), ``waw_out`` (unit -> units)
+    and ``war_out`` (transfer -> units), all as Python lists.
+  """
+  table, p, length = schedule.table, schedule.nranks, schedule.length
+  step, src, dst, src_start, dst_start, n, op = table.T
+  num = len(table)
+  rows = np.arange(num)
+  # Units in (step, dst, row) order: a REDUCE group is one unit, each COPY one.
+  key = (step * p + dst) * (num + 1) + np.where(op == REDUCE, 0, rows + 1)
+  order = np.argsort(key)
+  first = _starts(key[order])
+  head = order[first]
+  units = len(head)
+  unit_of = np.empty(num, np.int64)
+  unit_of[order] = np.cumsum(first) - 1
+  # Accesses: a read per transfer, then a write per unit; cut each rank's buffer into
+  # elementary segments at every boundary that occurs on that rank.
+  rank = np.r_[src, dst[head]]
+  start = np.r_[src_start, dst_start[head]]
+  end = start + np.r_[n, n[head]]
+  write = np.r_[np.zeros(num, bool), np.ones(units, bool)]
+  ident = np.r_[rows, np.arange(units)]
+  base = rank * (length + 1)
+  cuts = _unique(np.r_[base + start, base + end])
+  first = np.searchsorted(cuts, base + start)
+  count = np.searchsorted(cuts, base + end) - first
+  seg = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
+  access = np.repeat(np.arange(len(rank)), count)
+  # Per segment in program order; within a step the reads come first (they see the
+  # pre-step state). At most one write per (segment, step), so ties are reads only.
+  order = np.argsort((seg * schedule.num_steps + np.r_[step, step[head]][access]) * 2
+                     + write[access])
+  seg, access = seg[order], access[order]
+  write, ident = write[access], ident[access]
+  pos = np.arange(len(seg))
+  last_write = np.maximum.accumulate(np.where(write, pos, -1))
+  prev_write = np.r_[-1, last_write[:-1]]
+  next_write = np.minimum.accumulate(np.where(write, pos, len(seg))[::-1])[::-1]
+
+  def edges(at, other):
+    """(ident[other], ident[at]) for the pairs in the same segment."""
+    ok = (other >= 0) & (other < len(seg))
+    ok[ok] = seg[other[ok]] == seg[at[ok]]
+    return ident[other[ok]], ident[at[ok]]
+
+  reads, writes = np.flatnonzero(~write), np.flatnonzero(write)
+  raw = _pairs(*edges(reads, prev_write[reads]), num)        # unit -> transfer
+  waw = _pairs(*edges(writes, prev_write[writes]), units)    # unit -> unit
+  war = _pairs(*edges(reads, next_write[reads])[::-1], units)  # transfer -> unit
+  need = (np.bincount(unit_of, minlength=units) + np.bincount(waw[1], minlength=units)
+          + np.bincount(war[1], minlength=units))
+  return (unit_of.tolist(), need.tolist(), np.bincount(raw[1], minlength=num).tolist(),
+          _adjacency(*raw, units), _adjacency(*waw, units), _adjacency(*war, num))
+
+
+def _pairs(frm, to, count):
+  """The distinct pairs, sorted by ``frm``."""
+  key = _unique(frm * count + to)
+  return key // count, key % count
+
+
+def _adjacency(frm, to, count) -> list[list[int]]:
+  """Per node in ``range(count)``: its targets (``frm`` sorted)."""
+  targets = to.tolist()
+  ends = np.cumsum(np.bincount(frm, minlength=count)).tolist()
+  return [targets[s:e] for s, e in zip([0] + ends[:-1], ends)]
+
+
+def _run(src, dst, tx, rx, delay, unit_of, need, raw_need, raw_out, waw_out, war_out, p):
+  """The event loop; returns the completion time."""
+  src, dst, tx, rx, delay = (a.tolist() for a in (src, dst, tx, rx, delay))
+  num, num2 = len(src), 2 * len(src)
+  push, pop = heapq.heappush, heapq.heappop
+  tx_queue = [[] for _ in range(p)]  # Heaps of ready transfers (row = priority).
+  rx_queue = [[] for _ in range(p)]
+  for x in range(num):
+    if not raw_need[x]:
+      tx_queue[src[x]].append(x)  # Ascending, so already heaps.
+  tx_idle, rx_idle = [True] * p, [True] * p
+  tx_dirty, rx_dirty = list(range(p)), []  # Idle ports that may start a message now.
+  tx_mark, rx_mark = tx_dirty.append, rx_dirty.append
+  events = []  # (time, code): code x = tx end, num + x = rx end, 2 num + x = delivery.
+  stack = []  # Units whose dependencies are all met.
+  now = last = 0.0
+  pending = len(need)
+  while True:
+    # Every event at `now` has been handled: the free ports with work start.
+    for r in tx_dirty:
+      if tx_idle[r] and tx_queue[r]:
+        x = pop(tx_queue[r])
+        tx_idle[r] = False
+        push(events, (now + tx[x], x))
+    tx_dirty.clear()
+    for r in rx_dirty:
+      if rx_idle[r] and rx_queue[r]:
+        x = pop(rx_queue[r])
+        rx_idle[r] = False
+        push(events, (now + rx[x], num + x))
+    rx_dirty.clear()
+    if not events:
+      break
+    while True:
+      now, code = pop(events)
+      if code < num:  # Left the tx port: wait for the rx port.
+        r = src[code]
+        tx_idle[r] = True
+        tx_mark(r)
+        r = dst[code]
+        push(rx_queue[r], code)
+        if rx_idle[r]:
+          rx_mark(r)
+        for u in war_out[code]:
+          need[u] -= 1
+          if not need[u]:
+            stack.append(u)
+      elif code < num2:  # Left the rx port: delivered now or after the latency.
+        x = code - num
+        r = dst[x]
+        rx_idle[r] = True
+        rx_mark(r)
+        if delay[x]:
+          push(events, (now + delay[x], code + num))
+        else:
+          u = unit_of[x]
+          need[u] -= 1
+          if not need[u]:
+            stack.append(u)
+      else:  # Delivered.
+        u = unit_of[code - num2]
+        need[u] -= 1
+        if not need[u]:
+          stack.append(u)
+      while stack:  # Apply writes; release their readers and later writers.
+        u = stack.pop()
+        pending -= 1
+        last = now
+        for x in raw_out[u]:
+          raw_need[x] -= 1
+          if not raw_need[x]:
+            r = src[x]
+            push(tx_queue[r], x)
+            if tx_idle[r]:
+              tx_mark(r)
+        for v in waw_out[u]:
+          need[v] -= 1
+          if not need[v]:
+            stack.append(v)
+      if not events or events[0][0] > now:
+        break
+  if pending:
+    raise RuntimeError(f"simulate: {pending} writes never applied (a dependency cycle)")
+  return last
