@@ -5,7 +5,7 @@ import pytest
 
 from jaxcc import Topology, plan
 from jaxcc.schedules import ALGORITHMS, COPY, REDUCE, optimal_shares
-from jaxcc.schedules.planner import MAX_CHUNKS, MIN_PIECE_BYTES, choose_chunks
+from jaxcc.schedules.planner import MAX_CHUNKS, MAX_MESSAGES, MIN_PIECE_BYTES, choose_chunks
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
@@ -73,6 +73,7 @@ def test_choose_chunks():
   assert choose_chunks("all_reduce", 1000, 8) == 1
   assert choose_chunks("all_reduce", 8 * MIN_PIECE_BYTES * 4, 8) == 4
   assert choose_chunks("all_reduce", 1 << 40, 8) == MAX_CHUNKS
+  assert choose_chunks("all_reduce", 1 << 40, 64) == MAX_MESSAGES // (2 * 64 * 64)
   assert choose_chunks("broadcast", MIN_PIECE_BYTES * 2, 8) == 2
 
 

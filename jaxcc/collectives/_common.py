@@ -64,6 +64,14 @@ def check_dimension(api: str, name: str, dim, ndim: int) -> int:
 
 
 def schedule(collective: str, x_size: int, dtype, params: dict, root: int = 0) -> Schedule:
-  """The schedule for a buffer of ``x_size`` elements under the primitive's params."""
-  return schedule_for(collective, x_size, np.dtype(dtype).itemsize, params["topology"],
-                      params["algorithm"], root)
+  """The schedule the XLA executor runs for ``x_size`` elements: the planned algorithm in one chunk.
+
+  That executor runs steps one after another, so pipelining buys nothing
+  there; chunks only split pieces, so the sums (and their order) are those of
+  the planned pipeline depth.
+  """
+  itemsize = np.dtype(dtype).itemsize
+  planned = schedule_for(collective, x_size, itemsize, params["topology"], params["algorithm"],
+                         root)
+  return schedule_for(collective, x_size, itemsize, params["topology"], planned.algorithm, root,
+                      chunks=1)

@@ -24,9 +24,11 @@ AUTO_CANDIDATES = {
     "all_gather": ("ring", "direct"),
     "broadcast": ("ring", "direct"),
 }
-# Pipeline depth: pieces of at least MIN_PIECE_BYTES, at most MAX_CHUNKS chunks.
+# Pipeline depth: at most MAX_CHUNKS chunks, pieces of at least MIN_PIECE_BYTES, at most
+# MAX_MESSAGES transfers in a schedule.
 MIN_PIECE_BYTES = 64 << 10
-MAX_CHUNKS = 128
+MAX_CHUNKS = 1024
+MAX_MESSAGES = 1 << 20
 
 
 def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "auto", *,
@@ -107,14 +109,19 @@ def check_algorithm(collective: str, algorithm: str) -> None:
 
 
 def choose_chunks(collective: str, nbytes: int, p: int) -> int:
-  """Pipeline depth K: the largest power of two <= MAX_CHUNKS keeping pieces >= MIN_PIECE_BYTES.
+  """Pipeline depth K: the largest power of two within the limits above.
 
-  Fill and drain of the pipeline cost about one piece per port, so deeper is
-  better until per-message costs dominate; pieces of a shard are
-  ``nbytes / (p K)`` bytes (``nbytes / K`` for a broadcast chain).
+  The cost model: pipeline fill and drain cost about one chunk's share of the
+  busiest port, ``T_bw * c / K`` with c of order 1 (measured in the
+  simulator), so deeper is better until pieces (``nbytes / (p K)`` bytes, or
+  ``nbytes / K`` for a broadcast chain) get so small that per-message costs
+  dominate, or the schedule (about ``2 p^2`` transfers per chunk) too long.
   """
-  per_chunk = nbytes if collective == "broadcast" else nbytes / max(p, 1)
+  p = max(p, 1)
+  per_chunk = nbytes if collective == "broadcast" else nbytes / p
+  messages = p if collective == "broadcast" else 2 * p * p
   k = 1
-  while 2 * k <= MAX_CHUNKS and per_chunk / (2 * k) >= MIN_PIECE_BYTES:
+  while (2 * k <= MAX_CHUNKS and per_chunk / (2 * k) >= MIN_PIECE_BYTES
+         and 2 * k * messages <= MAX_MESSAGES):
     k *= 2
   return k
