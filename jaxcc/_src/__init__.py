@@ -1,0 +1,1 @@
+"""Internals: FFI registration, the reduce kernel wrapper, the XLA executor, JAX compat."""

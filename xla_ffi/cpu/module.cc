@@ -1,0 +1,42 @@
+// _jaxcc_cpu: the CPU FFI handlers of jaxcc, registered for platform "cpu" by
+// jaxcc/_src/ffi.py.
+#include <nanobind/nanobind.h>
+
+#include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+
+// One line per handler, defined in the other files of xla_ffi/cpu/.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccReduce);
+
+namespace {
+
+struct Target {
+  const char* name;          // the ffi_call target name
+  XLA_FFI_Handler* handler;  // the handler symbol
+};
+
+// Every target of this module. Add new handlers here.
+constexpr Target kTargets[] = {
+    {"jaxcc_reduce", JaxccReduce},
+};
+
+}  // namespace
+
+NB_MODULE(_jaxcc_cpu, m) {
+  m.doc() = "jaxcc CPU handlers for XLA FFI custom calls.";
+  m.def(
+      "registrations",
+      [] {
+        nb::dict targets;
+        for (const Target& t : kTargets) {
+          targets[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
+        }
+        return targets;
+      },
+      "Returns {target name: PyCapsule of the handler} for jax.ffi.register_ffi_target.");
+  m.def(
+      "ffi_api_version", [] { return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); },
+      "The XLA FFI C API version (major, minor) this module was compiled against.");
+}

@@ -1,0 +1,120 @@
+// jaxcc_reduce on the CPU: out = ((in0 + in1) + ...) + in{k-1}, elementwise,
+// accumulated in f32 for 16-bit floats (one rounding at the end). The
+// contract is in xla_ffi/include/jaxcc/reduce.h.
+//
+// The loop is blocked over elements: each block of kBlock elements is summed
+// into a small L1-resident accumulator array, up to kGroup inputs per pass, so
+// every inner loop is straight-line streaming code the compiler vectorises,
+// each input is read from memory once, and the output is written once.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "jaxcc/dtypes.h"
+#include "jaxcc/reduce.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxcc {
+namespace {
+
+constexpr size_t kBlock = 2048;  // elements per block: 8 KiB of f32 accumulator
+constexpr size_t kGroup = 4;     // inputs streamed together in one pass over a block
+
+// One pass over a block of m elements: a = (first pass ? x0 : acc) + x1 + ...,
+// then acc = a, or out = round(a) on the last pass. Fixed arity, so the loop
+// body is straight-line code and vectorises.
+template <typename T, bool kFirst, bool kLast, typename... Ts>
+inline void Pass(Accumulator<T>* __restrict acc, T* __restrict out, size_t m,
+                 const T* __restrict x0, const Ts* __restrict... xs) {
+  using A = Accumulator<T>;
+  for (size_t i = 0; i < m; ++i) {
+    A a = kFirst ? ToAccumulator(x0[i]) : AccumulatorAdd(acc[i], ToAccumulator(x0[i]));
+    ((a = AccumulatorAdd(a, ToAccumulator(xs[i]))), ...);  // left to right
+    if constexpr (kLast) {
+      out[i] = FromAccumulator<T>(a);
+    } else {
+      acc[i] = a;
+    }
+  }
+}
+
+template <typename T, bool kFirst, bool kLast>
+void PassGroup(Accumulator<T>* acc, T* out, size_t m, const T* const* x, size_t count) {
+  switch (count) {
+    case 1: return Pass<T, kFirst, kLast>(acc, out, m, x[0]);
+    case 2: return Pass<T, kFirst, kLast>(acc, out, m, x[0], x[1]);
+    case 3: return Pass<T, kFirst, kLast>(acc, out, m, x[0], x[1], x[2]);
+    default: return Pass<T, kFirst, kLast>(acc, out, m, x[0], x[1], x[2], x[3]);
+  }
+}
+
+// On x86-64 glibc, ReduceBlocked is compiled twice, for AVX2 and for the
+// baseline (SSE2), and the loader picks one at run time: AVX2 speed without
+// -march, so the module still runs on any x86-64. Both give the same bits (no
+// FMA; the NaN rules are explicit).
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones) && __has_attribute(flatten)
+#define JAXCC_CPU_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+#endif
+#endif
+#ifndef JAXCC_CPU_CLONES
+#define JAXCC_CPU_CLONES
+#endif
+
+// k >= 2 inputs of n elements, block by block, kGroup inputs per pass.
+template <typename T>
+JAXCC_CPU_CLONES void ReduceBlocked(const T* const* inputs, size_t k, T* out, size_t n) {
+  static_assert(kGroup == 4, "PassGroup handles up to 4 inputs");
+  using A = Accumulator<T>;
+  alignas(64) A scratch[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    const size_t m = std::min(kBlock, n - base);
+    const T* x[kGroup];
+    for (size_t first = 0; first < k; first += kGroup) {
+      const size_t count = std::min(kGroup, k - first);
+      for (size_t j = 0; j < count; ++j) x[j] = inputs[first + j] + base;
+      const bool is_first = first == 0, is_last = first + count == k;
+      if (is_first && is_last) {
+        PassGroup<T, true, true>(scratch, out + base, m, x, count);
+      } else if (is_first) {
+        PassGroup<T, true, false>(scratch, out + base, m, x, count);
+      } else if (is_last) {
+        PassGroup<T, false, true>(scratch, out + base, m, x, count);
+      } else {
+        PassGroup<T, false, false>(scratch, out + base, m, x, count);
+      }
+    }
+  }
+}
+
+ffi::Error ReduceImpl(ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> out) {
+  ffi::ErrorOr<ReduceArgs> parsed = ParseReduceArgs(args, *out);
+  if (!parsed.has_value()) return parsed.error();
+  const std::vector<const void*>& inputs = parsed->inputs;
+  const size_t n = parsed->element_count;
+  return DispatchReduceType(out->element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::Type;
+    T* dst = static_cast<T*>(out->untyped_data());
+    if (n == 0) return ffi::Error::Success();
+    if (inputs.size() == 1) {
+      std::memcpy(dst, inputs[0], n * sizeof(T));
+      return ffi::Error::Success();
+    }
+    std::vector<const T*> typed(inputs.size());
+    for (size_t j = 0; j < inputs.size(); ++j) typed[j] = static_cast<const T*>(inputs[j]);
+    ReduceBlocked(typed.data(), typed.size(), dst, n);
+    return ffi::Error::Success();
+  });
+}
+
+}  // namespace
+}  // namespace jaxcc
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccReduce, jaxcc::ReduceImpl,
+                              ffi::Ffi::Bind()
+                                  .RemainingArgs()             // inputs: k >= 1 same-typed arrays
+                                  .Ret<ffi::AnyBuffer>());     // out: their elementwise sum
