@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcc._src import compat
+from jaxcc._src.reduce import SUPPORTED_DTYPES
 from jaxcc.schedules.ir import Schedule
 from jaxcc.schedules.planner import check_algorithm, schedule_for
 from jaxcc.topology import Topology
@@ -13,9 +13,6 @@ from jaxcc.topology import Topology
 EXECUTORS = ("auto", "native", "xla")
 # The network assumed when no topology is given: uniform 25 GB/s ports (a 200 Gb/s NIC).
 DEFAULT_BANDWIDTH = 25e9
-# Dtypes the reduction kernel (jaxcc_reduce) takes.
-REDUCIBLE = tuple(np.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64,
-                                        jnp.int32, jnp.int64, jnp.uint32, jnp.int8, jnp.uint8))
 
 
 def check_axis(api: str, axis_name, executor: str, codec) -> int:
@@ -51,9 +48,9 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
 
 
 def check_reducible(api: str, dtype) -> None:
-  if np.dtype(dtype) not in REDUCIBLE:
+  if np.dtype(dtype) not in SUPPORTED_DTYPES:
     raise TypeError(f"{api}: cannot sum dtype {np.dtype(dtype).name}; supported: "
-                    f"{', '.join(d.name for d in REDUCIBLE)}")
+                    f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
 
 
 def check_dimension(api: str, name: str, dim, ndim: int) -> int:
