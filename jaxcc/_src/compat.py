@@ -58,26 +58,48 @@ def make_varying(x, axis_name):
   return x
 
 
-def lower_in_axis_env(fun: Callable) -> Callable:
-  """A lowering rule that traces ``fun(*args, **params)`` with its axis bound.
+def lower_in_axis_env(fun: Callable, **fixed) -> Callable:
+  """A lowering rule that traces ``fun(*args, **params, **fixed)`` with its axes bound.
 
-  The primitive's params name the axis (``axis_name``, ``axis_size``); inside
-  shard_map's body the axis is bound, so ``fun`` may use ``lax.ppermute`` and
-  ``lax.axis_index`` on it.
+  The primitive's params name the axis (``axis_name``, ``axis_size``) and the
+  other manual axes of the mesh (``group_axes``); inside shard_map's body they
+  are bound, so ``fun`` may use ``lax.ppermute`` and ``lax.axis_index``.
   """
 
   def rule(ctx, *args, **params):
-    with _core.extend_axis_env_nd([(params["axis_name"], params["axis_size"])]):
-      return mlir.lower_fun(lambda *a: fun(*a, **params), multiple_results=False)(ctx, *args)
+    axes = [(params["axis_name"], params["axis_size"])] + list(params["group_axes"] or ())
+    with _core.extend_axis_env_nd(axes):
+      return mlir.lower_fun(lambda *a: fun(*a, **params, **fixed),
+                            multiple_results=False)(ctx, *args)
 
   return rule
 
 
-def register(prim, abstract_eval, lowering, transpose, batcher) -> None:
-  """Register an effectful abstract eval, a lowering, a linear transpose and a batcher."""
+def group_axes(axis_name: str) -> tuple[tuple[str, int], ...] | None:
+  """The other manual axes of the current mesh as (name, size), or None if some axis is not manual.
+
+  Together they say which instance of ``axis_name`` a device is in; with an
+  automatic (non-manual) axis of size > 1 that is not visible inside the body.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return ()
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  if any(sizes[a] > 1 for a in mesh.axis_names if a not in mesh.manual_axes):
+    return None
+  return tuple((a, sizes[a]) for a in mesh.axis_names if a != axis_name)
+
+
+def register(prim, abstract_eval, run, transpose, batcher) -> None:
+  """Register an effectful abstract eval, lowerings, a linear transpose and a batcher.
+
+  ``run(*args, native, **params)`` is the body lowered on every platform with
+  ``native=False`` and on the CPU with ``native=True``.
+  """
   prim.def_effectful_abstract_eval(abstract_eval)
   prim.def_impl(_unmapped_impl(prim.name))
-  mlir.register_lowering(prim, lowering)
+  mlir.register_lowering(prim, lower_in_axis_env(run, native=False))
+  mlir.register_lowering(prim, lower_in_axis_env(run, native=True), platform="cpu")
   ad.deflinear2(prim, transpose)
   batching.fancy_primitive_batchers[prim] = batcher
 

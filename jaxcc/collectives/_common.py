@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
-from jaxcc._src import compat
+from jaxcc._src import compat, native_executor, xla_executor
 from jaxcc._src.reduce import SUPPORTED_DTYPES
 from jaxcc.schedules.ir import Schedule
 from jaxcc.schedules.planner import check_algorithm, schedule_for
@@ -22,10 +23,33 @@ def check_axis(api: str, axis_name, executor: str, codec) -> int:
     raise ValueError(f"{api}: codec={codec!r} is not available yet; use codec=None")
   if executor not in EXECUTORS:
     raise ValueError(f"{api}: executor must be one of {EXECUTORS}, got {executor!r}")
-  if executor == "native":
+  if executor == "native" and (jax.process_count() > 1 or compat.group_axes(axis_name) is None):
     raise NotImplementedError(
-        f"{api}: executor='native' is not built yet; use executor='auto' or 'xla'")
+        f"{api}: executor='native' runs on the devices of one process over a mesh whose axes are "
+        f"all manual (the multi-process TCP transport is not built yet); use executor='auto' or "
+        f"'xla'")
   return size
+
+
+def native_params(axis_name) -> dict:
+  """The primitive params that place a device for the native executor."""
+  return {"group_axes": compat.group_axes(axis_name)}
+
+
+def execute(buf: jax.Array, sched: Schedule, params: dict, native: bool) -> jax.Array:
+  """Run ``sched`` on the flat ``buf`` with the executor the params and the platform call for.
+
+  ``native`` is True when lowering for the CPU: the native executor runs there
+  unless ``executor="xla"``, the process is one of several, or some mesh axis
+  is not manual (then ``group_axes`` is None).
+  """
+  if (native and params["executor"] != "xla" and params["group_axes"] is not None
+      and jax.process_count() == 1):
+    return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"])
+  if params["executor"] == "native":
+    raise NotImplementedError("executor='native' has no transport on this platform yet (CPU "
+                              "only); use executor='auto' or 'xla'")
+  return xla_executor.run_schedule(buf, sched, params["axis_name"])
 
 
 def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
@@ -61,11 +85,11 @@ def check_dimension(api: str, name: str, dim, ndim: int) -> int:
 
 
 def schedule(collective: str, x_size: int, dtype, params: dict, root: int = 0) -> Schedule:
-  """The schedule the XLA executor runs for ``x_size`` elements: the planned algorithm in one chunk.
+  """The schedule the executors run for ``x_size`` elements: the planned algorithm in one chunk.
 
-  That executor runs steps one after another, so pipelining buys nothing
-  there; chunks only split pieces, so the sums (and their order) are those of
-  the planned pipeline depth.
+  The XLA executor runs steps one after another and the InProcess transport
+  reads peers' memory directly, so pipelining buys nothing there; chunks only
+  split pieces, so the sums (and their order) are those of any pipeline depth.
   """
   itemsize = np.dtype(dtype).itemsize
   planned = schedule_for(collective, x_size, itemsize, params["topology"], params["algorithm"],

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcc._src import compat
-from jaxcc._src.xla_executor import run_schedule
 from jaxcc.collectives import _common
 from jaxcc.topology import Topology
 
@@ -42,7 +41,7 @@ def all_gather(x: jax.Array, axis_name: str, *, axis: int = 0, tiled: bool = Tru
   x = compat.make_varying(x, axis_name)
   return all_gather_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
                            executor=executor, topology=topology, gather_dimension=dim,
-                           tiled=bool(tiled))
+                           tiled=bool(tiled), **_common.native_params(axis_name))
 
 
 def _abstract_eval(x, *, axis_name, axis_size, gather_dimension, tiled, **_):
@@ -54,7 +53,8 @@ def _abstract_eval(x, *, axis_name, axis_size, gather_dimension, tiled, **_):
   return x.update(shape=tuple(shape)), {compat.NamedAxisEffect(axis_name)}
 
 
-def _run(x, *, axis_name, axis_size, gather_dimension, tiled, **params):
+def _run(x, *, gather_dimension, tiled, native, **params):
+  axis_name, axis_size = params["axis_name"], params["axis_size"]
   if params["algorithm"] == "lax":
     return lax.all_gather(x, axis_name, axis=gather_dimension, tiled=tiled)
   if not tiled:
@@ -63,7 +63,7 @@ def _run(x, *, axis_name, axis_size, gather_dimension, tiled, **params):
   sched = _common.schedule("all_gather", front.size * axis_size, x.dtype, params)
   buf = jnp.zeros((sched.length,), x.dtype)
   buf = lax.dynamic_update_slice(buf, front.reshape(-1), (lax.axis_index(axis_name) * front.size,))
-  out = run_schedule(buf, sched, axis_name)
+  out = _common.execute(buf, sched, params, native)
   out = out.reshape((axis_size * front.shape[0],) + front.shape[1:])
   return jnp.moveaxis(out, 0, gather_dimension)
 
@@ -88,4 +88,4 @@ def _batch(axis_data, vals_in, dims_in, *, gather_dimension, tiled, **params):
 
 
 all_gather_p = compat.Primitive("all_gather")
-compat.register(all_gather_p, _abstract_eval, compat.lower_in_axis_env(_run), _transpose, _batch)
+compat.register(all_gather_p, _abstract_eval, _run, _transpose, _batch)

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcc._src import compat
-from jaxcc._src.xla_executor import run_schedule
 from jaxcc.collectives import _common
 from jaxcc.topology import Topology
 
@@ -45,7 +44,8 @@ def all_reduce(x: jax.Array, axis_name: str, *, algorithm: str = "auto", executo
   _common.check_reducible("jaxcc.all_reduce", x.dtype)
   x = compat.make_varying(x, axis_name)  # an invariant x sums to p * x, as with psum
   return all_reduce_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
-                           executor=executor, topology=topology, invariant_out=compat.check_vma())
+                           executor=executor, topology=topology, invariant_out=compat.check_vma(),
+                           **_common.native_params(axis_name))
 
 
 def _abstract_eval(x, *, axis_name, invariant_out, **_):
@@ -55,12 +55,12 @@ def _abstract_eval(x, *, axis_name, invariant_out, **_):
   return out, {compat.NamedAxisEffect(axis_name)}
 
 
-def _run(x, **params):
+def _run(x, *, native, **params):
   axis_name = params["axis_name"]
   if params["algorithm"] == "lax":
     return lax.psum(x, axis_name)
   sched = _common.schedule("all_reduce", x.size, x.dtype, params)
-  return run_schedule(x.reshape(-1), sched, axis_name).reshape(x.shape)
+  return _common.execute(x.reshape(-1), sched, params, native).reshape(x.shape)
 
 
 def _transpose(ct, x, **params):
@@ -79,4 +79,4 @@ def _batch(axis_data, vals_in, dims_in, **params):
 
 
 all_reduce_p = compat.Primitive("all_reduce")
-compat.register(all_reduce_p, _abstract_eval, compat.lower_in_axis_env(_run), _transpose, _batch)
+compat.register(all_reduce_p, _abstract_eval, _run, _transpose, _batch)

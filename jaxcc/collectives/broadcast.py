@@ -7,7 +7,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcc._src import compat
-from jaxcc._src.xla_executor import run_schedule
 from jaxcc.collectives import _common
 from jaxcc.collectives.all_reduce import all_reduce_p
 from jaxcc.topology import Topology
@@ -39,7 +38,7 @@ def broadcast(x: jax.Array, axis_name: str, *, root: int = 0, algorithm: str = "
   x = compat.make_varying(jnp.asarray(x), axis_name)
   return broadcast_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
                           executor=executor, topology=topology, root=root,
-                          invariant_out=compat.check_vma())
+                          invariant_out=compat.check_vma(), **_common.native_params(axis_name))
 
 
 def _abstract_eval(x, *, axis_name, invariant_out, **_):
@@ -49,11 +48,11 @@ def _abstract_eval(x, *, axis_name, invariant_out, **_):
   return out, {compat.NamedAxisEffect(axis_name)}
 
 
-def _run(x, *, axis_name, root, **params):
+def _run(x, *, root, native, **params):
   if params["algorithm"] == "lax":
-    return lax.all_gather(x, axis_name)[root]
+    return lax.all_gather(x, params["axis_name"])[root]
   sched = _common.schedule("broadcast", x.size, x.dtype, params, root=root)
-  return run_schedule(x.reshape(-1), sched, axis_name).reshape(x.shape)
+  return _common.execute(x.reshape(-1), sched, params, native).reshape(x.shape)
 
 
 def _transpose(ct, x, *, axis_name, root, invariant_out, **params):
@@ -74,4 +73,4 @@ def _batch(axis_data, vals_in, dims_in, **params):
 
 
 broadcast_p = compat.Primitive("broadcast")
-compat.register(broadcast_p, _abstract_eval, compat.lower_in_axis_env(_run), _transpose, _batch)
+compat.register(broadcast_p, _abstract_eval, _run, _transpose, _batch)

@@ -27,9 +27,13 @@ def ppermute(x: jax.Array, axis_name: str, perm, *, executor: str = "auto",
     codec: must be None for now.
   """
   size = _common.check_axis("jaxcc.ppermute", axis_name, executor, codec)
+  if executor == "native":
+    raise NotImplementedError("jaxcc.ppermute: the native executor does not run ppermute yet; "
+                              "use executor='auto' or 'xla'")
   perm = _check_perm(perm, size)
   x = compat.make_varying(jnp.asarray(x), axis_name)
-  return ppermute_p.bind(x, axis_name=axis_name, axis_size=size, perm=perm, executor=executor)
+  return ppermute_p.bind(x, axis_name=axis_name, axis_size=size, perm=perm, executor=executor,
+                         **_common.native_params(axis_name))
 
 
 def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:
@@ -70,4 +74,4 @@ def _batch(axis_data, vals_in, dims_in, **params):
 
 
 ppermute_p = compat.Primitive("ppermute")
-compat.register(ppermute_p, _abstract_eval, compat.lower_in_axis_env(_run), _transpose, _batch)
+compat.register(ppermute_p, _abstract_eval, _run, _transpose, _batch)

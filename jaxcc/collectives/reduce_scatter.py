@@ -7,7 +7,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcc._src import compat
-from jaxcc._src.xla_executor import run_schedule
 from jaxcc.collectives import _common
 from jaxcc.topology import Topology
 
@@ -49,7 +48,7 @@ def reduce_scatter(x: jax.Array, axis_name: str, *, scatter_dimension: int = 0, 
   x = compat.make_varying(x, axis_name)
   return reduce_scatter_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
                                executor=executor, topology=topology, scatter_dimension=dim,
-                               tiled=bool(tiled))
+                               tiled=bool(tiled), **_common.native_params(axis_name))
 
 
 def _abstract_eval(x, *, axis_name, axis_size, scatter_dimension, tiled, **_):
@@ -61,13 +60,14 @@ def _abstract_eval(x, *, axis_name, axis_size, scatter_dimension, tiled, **_):
   return x.update(shape=tuple(shape)), {compat.NamedAxisEffect(axis_name)}
 
 
-def _run(x, *, axis_name, axis_size, scatter_dimension, tiled, **params):
+def _run(x, *, scatter_dimension, tiled, native, **params):
+  axis_name, axis_size = params["axis_name"], params["axis_size"]
   if params["algorithm"] == "lax":
     return lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
   front = jnp.moveaxis(x, scatter_dimension, 0)
   sched = _common.schedule("reduce_scatter", front.size, x.dtype, params)
   shard = front.size // axis_size
-  flat = run_schedule(front.reshape(-1), sched, axis_name)
+  flat = _common.execute(front.reshape(-1), sched, params, native)
   mine = lax.dynamic_slice(flat, (lax.axis_index(axis_name) * shard,), (shard,))
   out = jnp.moveaxis(mine.reshape((front.shape[0] // axis_size,) + front.shape[1:]), 0,
                      scatter_dimension)
@@ -95,5 +95,5 @@ def _batch(axis_data, vals_in, dims_in, *, scatter_dimension, tiled, **params):
 
 
 reduce_scatter_p = compat.Primitive("reduce_scatter")
-compat.register(reduce_scatter_p, _abstract_eval, compat.lower_in_axis_env(_run), _transpose,
+compat.register(reduce_scatter_p, _abstract_eval, _run, _transpose,
                 _batch)

@@ -9,6 +9,7 @@ namespace nb = nanobind;
 
 // One line per handler, defined in the other files of xla_ffi/cpu/.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccReduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCollective);
 
 namespace {
 
@@ -20,6 +21,7 @@ struct Target {
 // Every target of this module. Add new handlers here.
 constexpr Target kTargets[] = {
     {"jaxcc_reduce", JaxccReduce},
+    {"jaxcc_collective", JaxccCollective},
 };
 
 }  // namespace

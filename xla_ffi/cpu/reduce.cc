@@ -14,6 +14,7 @@
 
 #include "jaxcc/dtypes.h"
 #include "jaxcc/reduce.h"
+#include "reduce_host.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -94,24 +95,46 @@ JAXCC_CPU_CLONES void ReduceBlocked(const T* const* inputs, size_t k, T* out, si
 ffi::Error ReduceImpl(ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> out) {
   ffi::ErrorOr<ReduceArgs> parsed = ParseReduceArgs(args, *out);
   if (!parsed.has_value()) return parsed.error();
-  const std::vector<const void*>& inputs = parsed->inputs;
-  const size_t n = parsed->element_count;
-  return DispatchReduceType(out->element_type(), [&](auto tag) {
+  return ReduceOnHost(out->element_type(), parsed->inputs.data(), parsed->inputs.size(),
+                      out->untyped_data(), parsed->element_count);
+}
+
+}  // namespace
+
+ffi::Error ReduceOnHost(ffi::DataType dtype, const void* const* inputs, size_t k, void* out,
+                        size_t n) {
+  return DispatchReduceType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::Type;
-    T* dst = static_cast<T*>(out->untyped_data());
-    if (n == 0) return ffi::Error::Success();
-    if (inputs.size() == 1) {
+    T* dst = static_cast<T*>(out);
+    if (n == 0 || (k == 1 && inputs[0] == out)) return ffi::Error::Success();
+    if (k == 1) {
       std::memcpy(dst, inputs[0], n * sizeof(T));
       return ffi::Error::Success();
     }
-    std::vector<const T*> typed(inputs.size());
-    for (size_t j = 0; j < inputs.size(); ++j) typed[j] = static_cast<const T*>(inputs[j]);
-    ReduceBlocked(typed.data(), typed.size(), dst, n);
+    std::vector<const T*> typed(k);
+    bool aliased = false;
+    for (size_t j = 0; j < k; ++j) {
+      typed[j] = static_cast<const T*>(inputs[j]);
+      aliased |= typed[j] == dst;
+    }
+    if (!aliased) {
+      ReduceBlocked(typed.data(), k, dst, n);
+      return ffi::Error::Success();
+    }
+    // out is an input: sum block by block from a copy of the block, so no
+    // restrict-qualified loop reads what it writes.
+    std::vector<T> copy(std::min(n, kBlock));
+    std::vector<const T*> shifted(k);
+    for (size_t base = 0; base < n; base += kBlock) {
+      const size_t m = std::min(kBlock, n - base);
+      std::memcpy(copy.data(), dst + base, m * sizeof(T));
+      for (size_t j = 0; j < k; ++j) shifted[j] = typed[j] == dst ? copy.data() : typed[j] + base;
+      ReduceBlocked(shifted.data(), k, dst + base, m);
+    }
     return ffi::Error::Success();
   });
 }
 
-}  // namespace
 }  // namespace jaxcc
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccReduce, jaxcc::ReduceImpl,
