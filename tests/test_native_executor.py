@@ -1,0 +1,159 @@
+"""The native executor (one jaxcc_collective call per collective) against the XLA executor.
+
+Both run the same schedule with the same reduction order, so their results
+must have the same bits; a rank that never arrives must fail within the
+timeout with an error that names it.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxcc
+from jaxcc import Topology
+from jaxcc._src import native_executor
+
+DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
+SEED = np.random.SeedSequence().entropy
+
+
+def mesh_of(p):
+  return jax.make_mesh((p,), ("x",), devices=jax.devices()[:p])
+
+
+def inputs(p, shape, rng):
+  out = []
+  for dt in DTYPES:
+    host = rng.normal(size=(p * shape[0],) + shape[1:]) * 50
+    out.append(host.astype(dt))
+  return out
+
+
+def run_both(p, fn, arrays, out_spec):
+  mesh = mesh_of(p)
+  xs = [jax.device_put(a, NamedSharding(mesh, P("x"))) for a in arrays]
+  results = []
+  for executor in ("native", "xla"):
+    f = jax.jit(jax.shard_map(lambda *bs: tuple(fn(b, executor) for b in bs), mesh=mesh,
+                              in_specs=(P("x"),) * len(xs), out_specs=(out_spec,) * len(xs)))
+    results.append([np.asarray(y) for y in f(*xs)])
+  return results
+
+
+def assert_same_bits(native, xla, what):
+  for dt, a, b in zip(DTYPES, native, xla):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.tobytes() == b.tobytes(), f"{what} {jnp.dtype(dt).name}: native != xla (seed {SEED})"
+
+
+CASES = [(coll, alg, p) for p in (1, 2, 3, 4, 8)
+         for coll, algs in (("all_reduce", ("ring", "direct", "optcc", "r2ccl")),
+                            ("reduce_scatter", ("ring", "direct")),
+                            ("all_gather", ("ring", "direct")),
+                            ("broadcast", ("ring", "direct")))
+         for alg in algs]
+
+
+@pytest.mark.parametrize("collective, algorithm, p", CASES)
+def test_native_equals_xla_bit_for_bit(collective, algorithm, p):
+  rng = np.random.default_rng([SEED, p, len(collective), len(algorithm)])
+  topo = Topology.uniform(p, 1e10).with_straggler(p - 1, 0.4) if p > 1 else None
+  fns = {
+      "all_reduce": (lambda b, ex: jaxcc.all_reduce(b, "x", algorithm=algorithm, executor=ex,
+                                                    topology=topo), (13, 7), P()),
+      "reduce_scatter": (lambda b, ex: jaxcc.reduce_scatter(
+          b, "x", scatter_dimension=1, algorithm=algorithm, executor=ex), (3, 3 * p), P("x")),
+      "all_gather": (lambda b, ex: jaxcc.all_gather(b, "x", axis=1, algorithm=algorithm,
+                                                    executor=ex), (3, 5), P("x")),
+      "broadcast": (lambda b, ex: jaxcc.broadcast(b, "x", root=p - 1, algorithm=algorithm,
+                                                  executor=ex), (9,), P()),
+  }
+  fn, shape, spec = fns[collective]
+  native, xla = run_both(p, fn, inputs(p, shape, rng), spec)
+  assert_same_bits(native, xla, f"{collective}/{algorithm}/p={p}")
+
+
+def test_independent_collectives_and_xla_psum_in_one_program():
+  mesh = mesh_of(8)
+  rng = np.random.default_rng(SEED)
+  xs = [jax.device_put(rng.normal(size=(8 * (100 + i),)).astype(np.float32),
+                       NamedSharding(mesh, P("x"))) for i in range(5)]
+  algorithms = ("ring", "direct", "optcc", "r2ccl", "ring")
+
+  def body(*bs):
+    outs = [jaxcc.all_reduce(b, "x", algorithm=a, executor="native")
+            for b, a in zip(bs, algorithms)]
+    return tuple(outs) + (lax.psum(bs[0], "x"),)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"),) * 5, out_specs=(P(),) * 6))
+  for _ in range(10):
+    outs = f(*xs)
+  for x, y in zip(xs, outs):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x).reshape(8, -1).sum(0), rtol=1e-5,
+                               atol=1e-4)
+  np.testing.assert_allclose(np.asarray(outs[0]), np.asarray(outs[-1]), rtol=1e-5, atol=1e-5)
+
+
+def test_inside_scan_and_on_a_2d_mesh():
+  mesh = jax.make_mesh((2, 4), ("a", "x"))
+  host = np.random.default_rng(SEED).normal(size=(4, 40)).astype(np.float32)
+  x = jax.device_put(host, NamedSharding(mesh, P("a", "x")))
+
+  def run(executor):
+    def step(c, _):
+      y = jaxcc.all_reduce(c, "x", algorithm="optcc", executor=executor)
+      return c + 0.125 * y, None
+    f = jax.shard_map(lambda b: lax.scan(step, b, None, length=4)[0], mesh=mesh,
+                      in_specs=P("a", "x"), out_specs=P("a", "x"))
+    return np.asarray(jax.jit(f)(x))
+
+  assert run("native").tobytes() == run("xla").tobytes()
+
+
+MISSING_RANK = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import jaxcc
+from jaxcc._src import native_executor
+sched = jaxcc.plan("all_reduce", 4 * 40, jaxcc.Topology.uniform(5, 1.0), "ring")
+mesh = jax.make_mesh((4,), ("x",))
+x = jax.device_put(np.ones((4 * 40,), np.float32), NamedSharding(mesh, P("x")))
+f = jax.jit(jax.shard_map(lambda b: native_executor.run_schedule(b, sched, "x", ()),
+                          mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+np.asarray(f(x))
+"""
+
+
+def test_a_missing_rank_times_out_naming_it():
+  """A schedule for 5 ranks run by 4 devices: everyone waits for rank 4, then fails."""
+  env = dict(os.environ, JAXCC_TIMEOUT_S="2", JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, "-c", MISSING_RANK], env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode != 0
+  assert re.search(r"timed out after 2 s at step \d+ waiting for rank 4", proc.stderr), proc.stderr
+  assert time.monotonic() - start < 60
+
+
+def test_native_needs_one_process_and_manual_axes():
+  mesh = jax.make_mesh((2, 4), ("a", "x"),
+                       axis_types=(jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit))
+  x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P(None, "x")))
+  f = jax.jit(jax.shard_map(lambda b: jaxcc.all_reduce(b, "x", executor="native"), mesh=mesh,
+                            in_specs=P(None, "x"), out_specs=P(), axis_names={"x"}))
+  with pytest.raises(NotImplementedError, match="axes are all manual"):
+    f(x)
+
