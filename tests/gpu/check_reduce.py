@@ -34,7 +34,7 @@ def main():
   print(f"reduce: {'all bit-exact' if not failures else f'{failures} mismatches'}")
   for dt in (jnp.float32, jnp.bfloat16):
     for k in (2, 8):
-      n = 256 << 20 // jnp.dtype(dt).itemsize
+      n = (256 << 20) // jnp.dtype(dt).itemsize
       xs = [jax.device_put(jnp.ones(n, dt), gpu) for _ in range(k)]
       f = jax.jit(reduce_sum)
       f(xs).block_until_ready()
