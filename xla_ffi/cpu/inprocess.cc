@@ -24,9 +24,15 @@ namespace {
 
 std::mutex g_mu;
 std::map<InProcessTransport::Key, std::shared_ptr<Rendezvous>> g_table;
-// Instance counters per run id, the oldest run ids dropped past kRunsKept.
+// Instance counters per run id; past kRunsKept run ids the least recently used
+// is dropped (run ids need not increase, so the smallest may still be running).
 constexpr size_t kRunsKept = 64;
-std::map<int64_t, std::map<std::tuple<int64_t, int64_t, int>, int64_t>> g_instances;
+struct RunCounters {
+  uint64_t last_use = 0;
+  std::map<std::tuple<int64_t, int64_t, int>, int64_t> next;
+};
+std::map<int64_t, RunCounters> g_instances;
+uint64_t g_clock = 0;
 
 }  // namespace
 
@@ -38,9 +44,16 @@ bool InProcessTransport::Key::operator<(const Key& o) const {
 int64_t InProcessTransport::NextInstance(int64_t run_id, int64_t op_id, int64_t group,
                                          int rank) {
   std::lock_guard<std::mutex> lock(g_mu);
-  auto& counters = g_instances[run_id];
-  const int64_t instance = counters[{op_id, group, rank}]++;
-  while (g_instances.size() > kRunsKept) g_instances.erase(g_instances.begin());
+  RunCounters& run = g_instances[run_id];
+  run.last_use = ++g_clock;
+  const int64_t instance = run.next[{op_id, group, rank}]++;
+  if (g_instances.size() > kRunsKept) {
+    auto oldest = g_instances.begin();
+    for (auto it = g_instances.begin(); it != g_instances.end(); ++it) {
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    }
+    g_instances.erase(oldest);
+  }
   return instance;
 }
 
