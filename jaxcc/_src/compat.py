@@ -7,11 +7,13 @@ changes.
 
 from __future__ import annotations
 
+import contextvars
 from typing import Callable
 
 import jax
 from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import distributed as _distributed
 from jax._src.interpreters import ad, batching, mlir  # noqa: F401  (re-exported)
 from jax.extend.core import Primitive  # noqa: F401  (re-exported)
 
@@ -68,11 +70,55 @@ def lower_in_axis_env(fun: Callable, **fixed) -> Callable:
 
   def rule(ctx, *args, **params):
     axes = [(params["axis_name"], params["axis_size"])] + list(params["group_axes"] or ())
-    with _core.extend_axis_env_nd(axes):
-      return mlir.lower_fun(lambda *a: fun(*a, **params, **fixed),
-                            multiple_results=False)(ctx, *args)
+    token = _lowering_mesh.set(getattr(ctx.module_context.axis_context, "mesh", None))
+    try:
+      with _core.extend_axis_env_nd(axes):
+        return mlir.lower_fun(lambda *a: fun(*a, **params, **fixed),
+                              multiple_results=False)(ctx, *args)
+    finally:
+      _lowering_mesh.reset(token)
 
   return rule
+
+
+_lowering_mesh = contextvars.ContextVar("jaxcc_lowering_mesh", default=None)
+
+
+def lowering_mesh() -> jax.sharding.Mesh | None:
+  """The mesh, with its devices, of the shard_map whose body a jaxcc rule is lowering.
+
+  None outside such a rule or when only an abstract mesh is known.
+  """
+  mesh = _lowering_mesh.get()
+  return mesh if isinstance(mesh, jax.sharding.Mesh) else None
+
+
+def coordinator_address() -> str | None:
+  """The ``host:port`` that jax.distributed.initialize connected to, or None before it."""
+  if _distributed.global_state.client is None:
+    return None
+  return _distributed.global_state.coordinator_address
+
+
+def kv_set(key: str, value: str) -> None:
+  """Put ``key`` in the jax.distributed key-value store (shared by the job's processes)."""
+  _distributed.global_state.client.key_value_set(key, value)
+
+
+def kv_get(key: str, timeout_s: float) -> str:
+  """``key``'s value in the jax.distributed key-value store, waiting up to ``timeout_s`` for it.
+
+  Raises:
+    TimeoutError: no process set it in time.
+  """
+  try:
+    return _distributed.global_state.client.blocking_key_value_get(
+        key, max(1, int(timeout_s * 1000)))
+  except jax.errors.JaxRuntimeError as e:
+    if "DEADLINE_EXCEEDED" not in str(e):
+      raise
+    raise TimeoutError(f"{key!r} did not appear in the jax.distributed key-value store within "
+                       f"{timeout_s:.0f} s") from e
 
 
 def group_axes(axis_name: str) -> tuple[tuple[str, int], ...] | None:

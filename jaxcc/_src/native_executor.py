@@ -3,11 +3,17 @@
 The call gets the serialised schedule, this rank's position along the axis,
 which instance of the axis it is in (a multi-axis mesh has one per
 coordinate of the other axes) and an op id naming the call site; the C++
-interpreter walks the steps over a transport (InProcess: the devices of this
-process read each other's buffers directly) and sums with the
+interpreter walks the steps over a transport and sums with the
 ``jaxcc_reduce`` kernel in the canonical order, so its results equal the XLA
 executor's bit for bit. The buffer is updated in place (the result aliases
 the operand).
+
+Transports: InProcess when every rank of the group lives in this process
+(the devices read each other's buffers directly), Tcp when they span the
+processes of a jax.distributed job (``process_map`` tells the handler which
+process holds each rank; ``tcp_bootstrap`` connects the processes). Op ids
+count call sites in lowering order, so every process must lower the same
+programs in the same order (any SPMD program does).
 """
 
 from __future__ import annotations
@@ -19,24 +25,42 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcc._src import compat, tcp_bootstrap
 from jaxcc._src import ffi as _ffi  # noqa: F401  (registers jaxcc_collective)
-from jaxcc.schedules.ir import Schedule
+from jaxcc.schedules.ir import DST, SRC, Schedule
+from jaxcc.topology import Topology
 
 _op_ids = itertools.count(1)
+_NONE = np.zeros((0,), np.int64)  # no process map / no pacing
+_NONE.setflags(write=False)
 
 
 def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
-                 group_axes: tuple[tuple[str, int], ...]) -> jax.Array:
-  """Run ``schedule`` on this rank's flat ``buf`` in one FFI call (inside shard_map)."""
+                 group_axes: tuple[tuple[str, int], ...], procs: np.ndarray = _NONE,
+                 topology: Topology | None = None) -> jax.Array:
+  """Run ``schedule`` on this rank's flat ``buf`` in one FFI call (inside shard_map).
+
+  Args:
+    buf: this rank's flat buffer of ``schedule.length`` elements.
+    schedule: the schedule; every rank runs the same one.
+    axis_name: the axis whose ranks the schedule spans.
+    group_axes: the other mesh axes as (name, size), in mesh order.
+    procs: ``process_map``'s answer; empty when one process holds every rank.
+    topology: the network the schedule was planned on; sets the pacing of the
+      TCP connections (``pacing_rates``).
+  """
   if buf.ndim != 1 or buf.shape[0] != schedule.length:
     raise ValueError(f"run_schedule: buffer of shape {buf.shape} for a schedule of "
                      f"{schedule.length} elements")
   if not len(schedule.table):
     return buf
+  if len(procs):
+    tcp_bootstrap.ensure_started()
   rank = lax.axis_index(axis_name).astype(jnp.int32)
   group = jnp.int32(0)
   for name, size in group_axes:
     group = group * size + lax.axis_index(name).astype(jnp.int32)
+  pacing = pacing_rates(schedule, topology) if len(procs) and topology is not None else _NONE
   out, _ = jax.ffi.ffi_call(
       "jaxcc_collective",
       (jax.ShapeDtypeStruct(buf.shape, buf.dtype), jax.ShapeDtypeStruct((), jnp.int32)),
@@ -45,5 +69,48 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
           table=np.ascontiguousarray(schedule.table.reshape(-1)),
           num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
           op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
-          name=schedule.collective)
+          name=schedule.collective, procs=np.ascontiguousarray(procs, np.int64),
+          pacing=pacing)
   return out
+
+
+def process_map(axis_name: str, group_axes: tuple[tuple[str, int], ...]) -> np.ndarray | None:
+  """The process of every rank of every instance of ``axis_name``, for the lowering mesh.
+
+  Returns:
+    int64, flat ``(groups, p)`` in ``run_schedule``'s group order; empty when
+    this process holds the whole mesh; None when the mesh's devices are
+    unknown (abstract mesh).
+  """
+  if jax.process_count() == 1:
+    return _NONE
+  mesh = compat.lowering_mesh()
+  if mesh is None:
+    return None
+  names = list(mesh.axis_names)
+  order = [names.index(name) for name, _ in group_axes] + [names.index(axis_name)]
+  procs = np.vectorize(lambda d: d.process_index, otypes=[np.int64])(mesh.devices)
+  if np.all(procs == jax.process_index()):
+    return _NONE
+  return np.ascontiguousarray(procs.transpose(order).reshape(-1))
+
+
+def pacing_rates(schedule: Schedule, topology: Topology) -> np.ndarray:
+  """Pacing rates (bytes/s) per ordered rank pair, flat ``(p, p)``; empty if all ports are equal.
+
+  A rank's port is shared by the peers it exchanges with: the pair ``src ->
+  dst`` gets ``min(send[src] / fan_out[src], recv[dst] / fan_in[dst])``, so a
+  slow rank's links never queue behind faster traffic (research/testbed.md).
+  Equal ports need no pacing.
+  """
+  send = np.asarray(topology.send_bandwidth, np.float64)
+  recv = np.asarray(topology.recv_bandwidth, np.float64)
+  if np.all(send == send[0]) and np.all(recv == send[0]):
+    return _NONE
+  p = schedule.nranks
+  pairs = np.zeros((p, p), bool)
+  pairs[schedule.table[:, SRC], schedule.table[:, DST]] = True
+  fan_out = np.maximum(pairs.sum(1), 1)
+  fan_in = np.maximum(pairs.sum(0), 1)
+  rates = np.minimum((send / fan_out)[:, None], (recv / fan_in)[None, :])
+  return np.ascontiguousarray(np.where(pairs, np.ceil(rates), 0).astype(np.int64).reshape(-1))

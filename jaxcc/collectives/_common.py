@@ -23,11 +23,10 @@ def check_axis(api: str, axis_name, executor: str, codec) -> int:
     raise ValueError(f"{api}: codec={codec!r} is not available yet; use codec=None")
   if executor not in EXECUTORS:
     raise ValueError(f"{api}: executor must be one of {EXECUTORS}, got {executor!r}")
-  if executor == "native" and (jax.process_count() > 1 or compat.group_axes(axis_name) is None):
+  if executor == "native" and compat.group_axes(axis_name) is None:
     raise NotImplementedError(
-        f"{api}: executor='native' runs on the devices of one process over a mesh whose axes are "
-        f"all manual (the multi-process TCP transport is not built yet); use executor='auto' or "
-        f"'xla'")
+        f"{api}: executor='native' runs over a mesh whose axes are all manual (shard_map over "
+        f"every mesh axis); use executor='auto' or 'xla'")
   return size
 
 
@@ -40,15 +39,19 @@ def execute(buf: jax.Array, sched: Schedule, params: dict, native: bool) -> jax.
   """Run ``sched`` on the flat ``buf`` with the executor the params and the platform call for.
 
   ``native`` is True when lowering for the CPU: the native executor runs there
-  unless ``executor="xla"``, the process is one of several, or some mesh axis
-  is not manual (then ``group_axes`` is None).
+  (over TCP when the axis spans processes) unless ``executor="xla"``, some
+  mesh axis is not manual (then ``group_axes`` is None), or the axis spans
+  processes of a mesh whose devices are unknown.
   """
-  if (native and params["executor"] != "xla" and params["group_axes"] is not None
-      and jax.process_count() == 1):
-    return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"])
+  if native and params["executor"] != "xla" and params["group_axes"] is not None:
+    procs = native_executor.process_map(params["axis_name"], params["group_axes"])
+    if procs is not None:
+      return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"],
+                                          procs, params["topology"])
   if params["executor"] == "native":
-    raise NotImplementedError("executor='native' has no transport on this platform yet (CPU "
-                              "only); use executor='auto' or 'xla'")
+    raise NotImplementedError("executor='native' runs on the CPU, across processes only in a "
+                              "shard_map over a mesh of devices (jax.make_mesh); use "
+                              "executor='auto' or 'xla'")
   return xla_executor.run_schedule(buf, sched, params["axis_name"])
 
 
@@ -92,7 +95,9 @@ def schedule(collective: str, x_size: int, dtype, params: dict, root: int = 0) -
   split pieces, so the sums (and their order) are those of any pipeline depth.
   """
   itemsize = np.dtype(dtype).itemsize
-  planned = schedule_for(collective, x_size, itemsize, params["topology"], params["algorithm"],
-                         root)
-  return schedule_for(collective, x_size, itemsize, params["topology"], planned.algorithm, root,
+  algorithm = params["algorithm"]
+  if algorithm == "auto":  # chosen on the pipelined schedules the simulator prices
+    algorithm = schedule_for(collective, x_size, itemsize, params["topology"], "auto",
+                             root).algorithm
+  return schedule_for(collective, x_size, itemsize, params["topology"], algorithm, root,
                       chunks=1)

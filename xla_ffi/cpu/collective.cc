@@ -1,11 +1,15 @@
 // jaxcc_collective on the CPU: one custom call runs one whole collective by
-// walking its Schedule (jaxcc/transport.h: RunSchedule) over the InProcess
-// transport, with jaxcc_reduce's kernel for the sums.
+// walking its Schedule (jaxcc/transport.h: RunSchedule) over a transport, with
+// jaxcc_reduce's kernel for the sums: InProcess when every rank of the group
+// lives in this process, Tcp when they span processes (`procs`).
 //
 // Operands: the rank's flat buffer (aliased with the result, so the schedule
 // runs in place), its rank and group (int32 scalars from lax.axis_index), and
 // an int32 order scalar: each jaxcc collective consumes the previous one's and
 // produces the next, so they run in program order on every device.
+// Attributes `procs` (groups x nranks: the process of each rank of each group;
+// empty with one process) and `pacing` (nranks x nranks bytes/s per ordered
+// rank pair; empty: unpaced) are for the Tcp transport.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +22,7 @@
 #include "jaxcc/schedule.h"
 #include "jaxcc/transport.h"
 #include "reduce_host.h"
+#include "tcp.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -48,11 +53,31 @@ std::chrono::seconds TimeoutFromEnv() {
   return std::chrono::seconds(seconds > 0 ? seconds : 300);
 }
 
+// Runs the plan unless joining failed (`err`); a failure is told to the peers.
+template <typename T>
+std::string RunOn(std::string err, T* transport, const std::vector<RankStep>& plan,
+                  Kernels& kernels, char* buf, size_t itemsize) {
+  if (err.empty()) err = RunSchedule(plan, *transport, kernels, buf, itemsize);
+  if (!err.empty() && transport) transport->Fail(err);
+  return err;
+}
+
+// Whether every rank of the group is on this process (or there is one process).
+bool AllLocal(ffi::Span<const int64_t> procs, int64_t group, int64_t nranks) {
+  if (procs.size() == 0) return true;
+  const int me = TcpProcess();
+  for (int64_t r = 0; r < nranks; ++r) {
+    if (procs[group * nranks + r] != me) return false;
+  }
+  return true;
+}
+
 ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank_buf,
                           ffi::Buffer<ffi::S32> group_buf, ffi::Buffer<ffi::S32> order_in,
                           ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::S32>> order_out,
                           ffi::Span<const int64_t> table, int64_t num_steps, int64_t nranks,
-                          int64_t op_id, int64_t digest, std::string_view name) {
+                          int64_t op_id, int64_t digest, std::string_view name,
+                          ffi::Span<const int64_t> procs, ffi::Span<const int64_t> pacing) {
   const std::string what = "jaxcc " + std::string(name) + " (op " + std::to_string(op_id) + ")";
   const int rank = rank_buf.typed_data()[0];
   const int64_t group = group_buf.typed_data()[0];
@@ -65,19 +90,35 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::
   std::vector<RankStep> plan;
   std::string err = PlanRank(table.begin(), table.size(), num_steps, static_cast<int>(nranks),
                              rank, length, &plan);
+  if (err.empty() && procs.size() != 0 &&
+      (group < 0 || static_cast<size_t>((group + 1) * nranks) > procs.size())) {
+    err = "group " + std::to_string(group) + " has no row in the process map of " +
+          std::to_string(procs.size()) + " entries";
+  }
+  if (err.empty() && pacing.size() != 0 && pacing.size() != static_cast<size_t>(nranks * nranks)) {
+    err = "pacing has " + std::to_string(pacing.size()) + " rates, not one per rank pair";
+  }
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
-  const InProcessTransport::Key key{run_id.run_id, op_id, group,
-                                    InProcessTransport::NextInstance(run_id.run_id, op_id,
-                                                                     group, rank)};
-  std::unique_ptr<InProcessTransport> transport;
-  err = InProcessTransport::Join(key, static_cast<int>(nranks), rank, buf, digest,
-                                 TimeoutFromEnv(), what, &transport);
-  if (err.empty()) {
-    HostKernels kernels(x.element_type());
-    err = RunSchedule(plan, *transport, kernels, buf, itemsize);
+
+  const std::chrono::seconds timeout = TimeoutFromEnv();
+  HostKernels kernels(x.element_type());
+  if (AllLocal(procs, group, nranks)) {
+    const InProcessTransport::Key key{run_id.run_id, op_id, group,
+                                      InProcessTransport::NextInstance(run_id.run_id, op_id,
+                                                                       group, rank)};
+    std::unique_ptr<InProcessTransport> transport;
+    err = InProcessTransport::Join(key, static_cast<int>(nranks), rank, buf, digest, timeout,
+                                   what, &transport);
+    err = RunOn(err, transport.get(), plan, kernels, buf, itemsize);
+  } else {
+    std::unique_ptr<TcpTransport> transport;
+    err = TcpTransport::Create({op_id, TcpTransport::NextInstance(op_id, group, rank), group},
+                               static_cast<int>(nranks), rank, procs.begin() + group * nranks,
+                               pacing.size() ? pacing.begin() : nullptr, digest, buf, itemsize,
+                               timeout, &transport);
+    err = RunOn(err, transport.get(), plan, kernels, buf, itemsize);
   }
   if (!err.empty()) {
-    if (transport) transport->Fail(err);
     return ffi::Error::Internal(what + ", rank " + std::to_string(rank) + ": " + err);
   }
   return ffi::Error::Success();
@@ -100,4 +141,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccCollective, jaxcc::CollectiveImpl,
                                   .Attr<int64_t>("nranks")
                                   .Attr<int64_t>("op_id")
                                   .Attr<int64_t>("digest")
-                                  .Attr<std::string_view>("name"));
+                                  .Attr<std::string_view>("name")
+                                  .Attr<ffi::Span<const int64_t>>("procs")    // rank -> process
+                                  .Attr<ffi::Span<const int64_t>>("pacing"));  // bytes/s per pair

@@ -114,8 +114,13 @@ std::string InProcessTransport::Wait(std::unique_lock<std::mutex>& lock, Ready r
     if (r_->cv.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
       std::string err = what_ + ": rank " + std::to_string(rank_) + " timed out after " +
                         std::to_string(timeout_.count()) + " s at step " + std::to_string(step) +
-                        " waiting for rank " + std::to_string(peer) + " to " + doing +
-                        " (JAXCC_TIMEOUT_S sets the limit)";
+                        " waiting for rank " + std::to_string(peer) + " to " + doing;
+      std::string absent;  // the root cause when some rank never arrived
+      for (int q = 0; q < r_->p; ++q) {
+        if (r_->base[q] == nullptr) absent += (absent.empty() ? " " : ", ") + std::to_string(q);
+      }
+      if (!absent.empty()) err += "; never joined: rank" + absent;
+      err += " (JAXCC_TIMEOUT_S sets the limit)";
       r_->failure = err;
       r_->cv.notify_all();
       return err;

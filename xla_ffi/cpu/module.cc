@@ -1,7 +1,13 @@
 // _jaxcc_cpu: the CPU FFI handlers of jaxcc, registered for platform "cpu" by
 // jaxcc/_src/ffi.py.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
 
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tcp.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -41,4 +47,15 @@ NB_MODULE(_jaxcc_cpu, m) {
   m.def(
       "ffi_api_version", [] { return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); },
       "The XLA FFI C API version (major, minor) this module was compiled against.");
+  m.def(
+      "tcp_start",
+      [](int process, std::vector<int> fds) {
+        const std::string err = jaxcc::TcpStart(process, fds);
+        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+      },
+      nb::arg("process"), nb::arg("fds"),
+      "Starts the TCP transport as `process` over authenticated sockets: fds[q] to process q, "
+      "-1 for this one. Takes the sockets over.");
+  m.def("tcp_process", &jaxcc::TcpProcess,
+        "This process' index in the TCP transport; -1 before tcp_start.");
 }

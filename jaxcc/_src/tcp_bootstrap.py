@@ -1,0 +1,206 @@
+"""Connects the processes of a jax.distributed job for the native executor's TCP transport.
+
+Once per process, when it first lowers a native collective whose ranks span
+processes (every process does so in an SPMD program), ``ensure_started``:
+
+1. listens on an ephemeral port of the address this process reaches the
+   jax.distributed coordinator from (127.0.0.1 on loopback) and puts
+   ``ip:port`` in the key-value store; process 0 puts a fresh 32-byte secret
+   there too;
+2. connects to every higher process and accepts every lower one: one
+   connection per process pair, each authenticated both ways by an HMAC of the
+   secret and the two process ids. A connection that fails the handshake is
+   closed and logged, and nothing it sent reaches a collective's buffer;
+3. hands the sockets to the C++ progress thread (``_jaxcc_cpu.tcp_start``).
+
+Socket policy (research/testbed.md): 4 MiB send and receive buffers (set on
+the listener too, so the window scale covers them), ``TCP_NODELAY`` and
+``cubic`` congestion control per socket (skipped where the kernel lacks or
+forbids it). Pacing is set per call by the C++ transport from the topology.
+Every wait ends within ``JAXCC_TIMEOUT_S`` (default 300 s) with an error that
+names the missing process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+
+import jax
+
+from jaxcc import _jaxcc_cpu
+from jaxcc._src import compat
+
+logger = logging.getLogger("jaxcc")
+
+_KEY = "jaxcc/tcp"
+_HELLO = b"JAXCC-HI"
+_ACK = b"JAXCC-OK"
+_MESSAGE_BYTES = 8 + 8 + 32  # magic, (from, to) process ids, HMAC-SHA256
+_BUFFER_BYTES = 4 << 20
+_lock = threading.Lock()
+
+
+def ensure_started() -> None:
+  """Start this process' TCP transport unless it runs; every process of the job must call it.
+
+  Raises:
+    RuntimeError: jax.distributed is not initialized.
+    TimeoutError: a process did not publish its address or connect in time.
+  """
+  with _lock:
+    if _jaxcc_cpu.tcp_process() < 0:
+      _start()
+
+
+def timeout_s() -> float:
+  """``JAXCC_TIMEOUT_S``: the limit of every wait, in seconds (default 300)."""
+  value = float(os.environ.get("JAXCC_TIMEOUT_S") or 300)
+  return value if value > 0 else 300.0
+
+
+def tune(sock: socket.socket) -> None:
+  """Apply the socket policy: 4 MiB buffers, TCP_NODELAY, cubic where the kernel allows it."""
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER_BYTES)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES)
+  sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  try:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"cubic")
+  except OSError as e:  # not built into this kernel, or not allowed for this user
+    if e.errno not in (errno.ENOENT, errno.EPERM):
+      raise
+
+
+def handshake(kind: bytes, secret: bytes, src: int, dst: int) -> bytes:
+  """The message ``src`` sends ``dst`` (kind: hello or ack), proving it knows ``secret``."""
+  head = kind + struct.pack("<ii", src, dst)
+  return head + hmac.new(secret, head, hashlib.sha256).digest()
+
+
+def accept_peers(listener: socket.socket, secret: bytes, me: int, expected: set[int],
+                 deadline: float) -> dict[int, socket.socket]:
+  """Accept one authenticated connection from each process in ``expected``; answer each.
+
+  A connection whose hello is not ``handshake(HELLO, secret, q, me)`` for an
+  expected ``q`` not yet connected is closed and logged.
+  """
+  peers: dict[int, socket.socket] = {}
+  while len(peers) < len(expected):
+    listener.settimeout(max(deadline - time.monotonic(), 1e-3))
+    try:
+      conn, addr = listener.accept()
+    except socket.timeout:
+      missing = sorted(expected - peers.keys())
+      raise TimeoutError(
+          f"jaxcc: process {me} timed out after {timeout_s():.0f} s waiting for processes "
+          f"{missing} to connect (JAXCC_TIMEOUT_S sets the limit)") from None
+    try:
+      conn.settimeout(min(max(deadline - time.monotonic(), 1e-3), 10.0))
+      hello = _recv_exact(conn, _MESSAGE_BYTES)
+      src = struct.unpack("<i", hello[8:12])[0]
+      if (src not in expected or src in peers
+          or not hmac.compare_digest(hello, handshake(_HELLO, secret, src, me))):
+        raise ConnectionRefusedError("wrong secret or process id")
+      conn.sendall(handshake(_ACK, secret, me, src))
+    except OSError as e:
+      logger.warning("jaxcc: process %d closed a TCP connection from %s that failed the "
+                     "handshake: %s", me, addr, e)
+      conn.close()
+      continue
+    tune(conn)
+    peers[src] = conn
+  return peers
+
+
+def _start() -> None:
+  address = compat.coordinator_address()
+  if address is None:
+    raise RuntimeError("jaxcc: the native executor across processes needs "
+                       "jax.distributed.initialize() first")
+  me, n = jax.process_index(), jax.process_count()
+  deadline = time.monotonic() + timeout_s()
+  family, host = _local_address(address)
+  listener = socket.socket(family, socket.SOCK_STREAM)
+  peers: dict[int, socket.socket] = {}
+  try:
+    tune(listener)
+    listener.bind((host, 0))
+    listener.listen(n)
+    compat.kv_set(f"{_KEY}/addr/{me}", f"[{host}]:{listener.getsockname()[1]}")
+    if me == 0:
+      compat.kv_set(f"{_KEY}/secret", secrets.token_hex(32))
+    secret = bytes.fromhex(_kv_get(f"{_KEY}/secret", 0, deadline))
+    for q in range(me + 1, n):  # connect up: a listener exists once its address is out
+      peer_host, port = _kv_get(f"{_KEY}/addr/{q}", q, deadline).rsplit(":", 1)
+      peers[q] = socket.socket(family, socket.SOCK_STREAM)
+      tune(peers[q])
+      with _naming(me, q, "accept the connection"):
+        peers[q].settimeout(max(deadline - time.monotonic(), 1e-3))
+        peers[q].connect((peer_host.strip("[]"), int(port)))
+        peers[q].sendall(handshake(_HELLO, secret, me, q))
+    peers.update(accept_peers(listener, secret, me, set(range(me)), deadline))
+    for q in range(me + 1, n):
+      with _naming(me, q, "answer the handshake"):
+        peers[q].settimeout(max(deadline - time.monotonic(), 1e-3))
+        if not hmac.compare_digest(_recv_exact(peers[q], _MESSAGE_BYTES),
+                                   handshake(_ACK, secret, q, me)):
+          raise ConnectionRefusedError("its answer does not prove the job's secret")
+    fds = [-1] * n
+    for q, sock in peers.items():
+      fds[q] = sock.detach()
+    _jaxcc_cpu.tcp_start(me, fds)
+  finally:
+    listener.close()
+    for sock in peers.values():
+      sock.close()
+  logger.info("jaxcc: TCP transport of process %d up on %s with %d peers", me, host, n - 1)
+
+
+@contextlib.contextmanager
+def _naming(me: int, q: int, doing: str):
+  """Turns a socket error while waiting for process ``q`` into one that names it."""
+  try:
+    yield
+  except socket.timeout:
+    raise TimeoutError(f"jaxcc: process {me} timed out after {timeout_s():.0f} s waiting for "
+                       f"process {q} to {doing} (JAXCC_TIMEOUT_S sets the limit)") from None
+  except OSError as e:
+    raise ConnectionError(f"jaxcc: process {me} could not connect the TCP transport to process "
+                          f"{q}, which did not {doing}: {e}") from e
+
+
+def _kv_get(key: str, owner: int, deadline: float) -> str:
+  try:
+    return compat.kv_get(key, max(deadline - time.monotonic(), 1e-3))
+  except TimeoutError as e:
+    raise TimeoutError(f"jaxcc: timed out after {timeout_s():.0f} s waiting for process {owner} "
+                       f"to start its TCP transport (JAXCC_TIMEOUT_S sets the limit): {e}") from e
+
+
+def _local_address(coordinator: str) -> tuple[socket.AddressFamily, str]:
+  """The address family and IP this process reaches ``coordinator`` (host:port) from."""
+  host, port = coordinator.rsplit(":", 1)
+  family, _, _, _, sockaddr = socket.getaddrinfo(host.strip("[]"), int(port),
+                                                 type=socket.SOCK_DGRAM)[0]
+  with socket.socket(family, socket.SOCK_DGRAM) as probe:
+    probe.connect(sockaddr)  # UDP: picks the route and source address, sends nothing
+    return family, probe.getsockname()[0]
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+  data = b""
+  while len(data) < size:
+    chunk = sock.recv(size - len(data))
+    if not chunk:
+      raise ConnectionError("connection closed during the handshake")
+    data += chunk
+  return data

@@ -1,0 +1,178 @@
+"""One process of tests/test_multiprocess.py: a jax.distributed job on loopback.
+
+Usage: python tests/multiprocess_worker.py MODE PROCESS_ID NUM_PROCESSES PORT LOCAL_DEVICES
+
+MODE "check": every collective and algorithm with the native executor (TCP
+between processes, InProcess within one), the XLA executor and lax on odd
+shapes; native must equal XLA bit for bit and lax up to reassociation. Then a
+2-D mesh inside a scan, back-to-back executions, and processes that plan
+different schedules (a clear error). Prints "OK".
+MODE "kill": after one native all_reduce the last process exits; the others
+run another and print "FAILED after <s> s: <error>".
+"""
+
+import os
+import sys
+import time
+
+MODE, PID, NPROC, PORT, LDEV = sys.argv[1], *map(int, sys.argv[2:6])
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LDEV}"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{PORT}", NPROC, PID, initialization_timeout=60)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jaxcc  # noqa: E402
+from jaxcc import _jaxcc_cpu  # noqa: E402
+
+P_ALL = NPROC * LDEV
+ROOT = P_ALL - 3  # a broadcast root on another process than rank 0
+ALL_REDUCE = ("ring", "direct", "optcc", "r2ccl")
+OTHERS = ("ring", "direct")
+
+
+def put(mesh, host, spec):
+  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, spec), lambda i: host[i])
+
+
+def shards(y):
+  return {str(s.index): np.asarray(s.data) for s in y.addressable_shards}
+
+
+def cases(executor, topology):
+  """(name, fn, out spec) per collective x algorithm; executor "lax" means XLA's own op."""
+  out = []
+  for alg in ALL_REDUCE:
+    out.append((f"all_reduce/{alg}", lambda b, a=alg: (
+        lax.psum(b, "x") if executor == "lax" else
+        jaxcc.all_reduce(b, "x", algorithm=a, executor=executor, topology=topology)), P()))
+  for alg in OTHERS:
+    out.append((f"reduce_scatter/{alg}", lambda b, a=alg: (
+        lax.psum_scatter(b, "x", scatter_dimension=1, tiled=True) if executor == "lax" else
+        jaxcc.reduce_scatter(b, "x", scatter_dimension=1, algorithm=a, executor=executor)),
+                P("x")))
+    out.append((f"all_gather/{alg}", lambda b, a=alg: (
+        lax.all_gather(b, "x", axis=1, tiled=True) if executor == "lax" else
+        jaxcc.all_gather(b, "x", axis=1, algorithm=a, executor=executor)), P("x")))
+    out.append((f"broadcast/{alg}", lambda b, a=alg: (
+        lax.psum(jnp.where(lax.axis_index("x") == ROOT, b, 0), "x") if executor == "lax" else
+        jaxcc.broadcast(b, "x", root=ROOT, algorithm=a, executor=executor)), P()))
+  return out
+
+
+def check_every_collective(mesh):
+  rng = np.random.default_rng(0)
+  topology = jaxcc.Topology.uniform(P_ALL, 1e10).with_straggler(P_ALL - 1, 0.4)
+  hosts = {"all_reduce": rng.normal(size=(P_ALL * 13, 7)).astype(np.float32) * 50,
+           "reduce_scatter": rng.normal(size=(P_ALL * 3, 3 * P_ALL)).astype(np.float32),
+           "all_gather": rng.normal(size=(P_ALL * 3, 5)).astype(np.float32),
+           "broadcast": rng.integers(-99, 99, size=(P_ALL * 9,)).astype(np.int32)}
+  inputs = {k: put(mesh, h, P("x")) for k, h in hosts.items()}
+  results = {}
+  for executor in ("native", "xla", "lax"):
+    named = cases(executor, topology)
+    args = [inputs[name.split("/")[0]] for name, _, _ in named]
+    f = jax.jit(jax.shard_map(lambda *bs: tuple(fn(b) for (_, fn, _), b in zip(named, bs)),
+                              mesh=mesh, in_specs=(P("x"),) * len(named),
+                              out_specs=tuple(spec for _, _, spec in named)))
+    results[executor] = dict(zip([n for n, _, _ in named], map(shards, f(*args))))
+  for name, native in results["native"].items():
+    for index, a in native.items():
+      b, c = results["xla"][name][index], results["lax"][name][index]
+      assert a.dtype == b.dtype and a.shape == b.shape, (name, a.shape, b.shape)
+      assert a.tobytes() == b.tobytes(), f"{name}: native != xla on shard {index}"
+      np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-3, err_msg=name)
+
+
+def check_2d_mesh_in_scan(shape):
+  """all_reduce over both axes of a 2-D mesh, 3 times in a scan.
+
+  On (2, P/2) the groups of both axes span processes; on (P/2, 2) those of
+  "x" live in one process each (InProcess), those of "a" span them.
+  """
+  mesh = jax.make_mesh(shape, ("a", "x"))
+  host = np.random.default_rng(1).normal(size=(2 * shape[0], 3 * shape[1])).astype(np.float32)
+  x = put(mesh, host, P("a", "x"))
+
+  def run(executor):
+    def step(c, _):
+      c = c + 0.125 * jaxcc.all_reduce(c, "x", algorithm="optcc", executor=executor)
+      return c + 0.25 * jaxcc.all_reduce(c, "a", algorithm="ring", executor=executor), None
+    f = jax.shard_map(lambda b: lax.scan(step, b, None, length=3)[0], mesh=mesh,
+                      in_specs=P("a", "x"), out_specs=P("a", "x"))
+    return shards(jax.jit(f)(x))
+
+  native, xla = run("native"), run("xla")
+  assert all(native[k].tobytes() == xla[k].tobytes() for k in native), "2-D mesh: native != xla"
+
+
+def check_back_to_back(mesh):
+  """Executions dispatched without waiting in between keep their own data."""
+  f = jax.jit(jax.shard_map(lambda b: jaxcc.all_reduce(b, "x", algorithm="direct",
+                                                       executor="native"),
+                            mesh=mesh, in_specs=P("x"), out_specs=P()))
+  hosts = [np.full((P_ALL * 1000,), float(i), np.float32) for i in range(4)]
+  outs = [f(put(mesh, h, P("x"))) for h in hosts]
+  for i, y in enumerate(outs):
+    np.testing.assert_array_equal(np.asarray(y.addressable_shards[0].data), i * P_ALL)
+
+
+def check_different_schedules(mesh):
+  """Each process plans on another topology: the ranks must say so, not hang."""
+  topology = jaxcc.Topology.uniform(P_ALL, 1e10).with_straggler(PID * LDEV, 0.3)
+  f = jax.jit(jax.shard_map(lambda b: jaxcc.all_reduce(b, "x", algorithm="optcc",
+                                                       executor="native", topology=topology),
+                            mesh=mesh, in_specs=P("x"), out_specs=P()))
+  start = time.monotonic()
+  try:
+    np.asarray(f(put(mesh, np.ones((P_ALL * 64,), np.float32), P("x"))).addressable_shards[0].data)
+  except jax.errors.JaxRuntimeError as e:
+    assert "planned a different schedule" in str(e), e
+    assert time.monotonic() - start < 20, "the mismatch was found only by a timeout"
+  else:
+    raise AssertionError("ranks with different schedules did not fail")
+
+
+def kill(mesh):
+  f = jax.jit(jax.shard_map(lambda b: jaxcc.all_reduce(b, "x", algorithm="ring",
+                                                       executor="native"),
+                            mesh=mesh, in_specs=P("x"), out_specs=P()))
+  x = put(mesh, np.ones((P_ALL * 100,), np.float32), P("x"))
+  f(x).block_until_ready()
+  if PID == NPROC - 1:
+    os._exit(0)
+  start = time.monotonic()
+  try:
+    f(x).block_until_ready()
+  except jax.errors.JaxRuntimeError as e:
+    print(f"FAILED after {time.monotonic() - start:.1f} s: {e}", flush=True)
+    os._exit(0)  # the job lost a process: skip jax.distributed's shutdown barrier
+  print("NO ERROR", flush=True)
+  os._exit(1)
+
+
+def main():
+  start = time.monotonic()
+  mesh = jax.make_mesh((P_ALL,), ("x",))
+  if MODE == "kill":
+    kill(mesh)
+  check_every_collective(mesh)
+  check_2d_mesh_in_scan((2, P_ALL // 2))
+  check_2d_mesh_in_scan((P_ALL // 2, LDEV))
+  check_back_to_back(mesh)
+  check_different_schedules(mesh)
+  assert _jaxcc_cpu.tcp_process() == PID, "the TCP transport did not start"
+  print(f"OK in {time.monotonic() - start:.1f} s", flush=True)
+  jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  main()
