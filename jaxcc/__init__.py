@@ -1,6 +1,6 @@
 """jaxcc: collective communication for JAX that stays fast on real, imperfect networks."""
 
-from jaxcc import schedules, sim
+from jaxcc import codec, schedules, sim
 from jaxcc.collectives import all_gather, all_reduce, broadcast, ppermute, reduce_scatter
 from jaxcc.schedules import Schedule, plan
 from jaxcc.topology import Topology
@@ -13,6 +13,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "broadcast",
+    "codec",
     "plan",
     "ppermute",
     "reduce_scatter",

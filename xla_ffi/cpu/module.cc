@@ -15,6 +15,10 @@ namespace nb = nanobind;
 
 // One line per handler, defined in the other files of xla_ffi/cpu/.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccReduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecEncodeFixed);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeFixed);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecEncodeEntropy);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeEntropy);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCollective);
 
 namespace {
@@ -27,6 +31,10 @@ struct Target {
 // Every target of this module. Add new handlers here.
 constexpr Target kTargets[] = {
     {"jaxcc_reduce", JaxccReduce},
+    {"jaxcc_codec_encode_fixed", JaxccCodecEncodeFixed},
+    {"jaxcc_codec_decode_fixed", JaxccCodecDecodeFixed},
+    {"jaxcc_codec_encode_entropy", JaxccCodecEncodeEntropy},
+    {"jaxcc_codec_decode_entropy", JaxccCodecDecodeEntropy},
     {"jaxcc_collective", JaxccCollective},
 };
 

@@ -11,6 +11,10 @@ namespace nb = nanobind;
 
 // One line per handler, defined in the .cu files of xla_ffi/cuda/.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccReduceCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecEncodeFixedCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeFixedCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecEncodeEntropyCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeEntropyCuda);
 
 namespace {
 
@@ -22,6 +26,10 @@ struct Target {
 // Every target of this module. Add new handlers here.
 constexpr Target kTargets[] = {
     {"jaxcc_reduce", JaxccReduceCuda},
+    {"jaxcc_codec_encode_fixed", JaxccCodecEncodeFixedCuda},
+    {"jaxcc_codec_decode_fixed", JaxccCodecDecodeFixedCuda},
+    {"jaxcc_codec_encode_entropy", JaxccCodecEncodeEntropyCuda},
+    {"jaxcc_codec_decode_entropy", JaxccCodecDecodeEntropyCuda},
 };
 
 }  // namespace

@@ -1,0 +1,22 @@
+"""Lossless float codecs: ``encode(x, codec)`` / ``decode(encoded)``, bit-exact.
+
+See :mod:`jaxcc.codec.api` for the codecs and :mod:`jaxcc.codec.reference`
+for the numpy twin of the kernels.
+"""
+
+from jaxcc.codec import reference
+from jaxcc.codec.api import (CODECS, SUPPORTED_DTYPES, Encoded, decode, encode, fixed_nbytes,
+                             max_nbytes)
+from jaxcc.codec.reference import DecodeError
+
+__all__ = [
+    "CODECS",
+    "SUPPORTED_DTYPES",
+    "DecodeError",
+    "Encoded",
+    "decode",
+    "encode",
+    "fixed_nbytes",
+    "max_nbytes",
+    "reference",
+]
