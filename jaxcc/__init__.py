@@ -1,6 +1,6 @@
 """jaxcc: collective communication for JAX that stays fast on real, imperfect networks."""
 
-from jaxcc import codec, schedules, sim
+from jaxcc import codec, optim, schedules, sim
 from jaxcc.collectives import all_gather, all_reduce, broadcast, ppermute, reduce_scatter
 from jaxcc.schedules import Schedule, plan
 from jaxcc.topology import Topology
@@ -14,6 +14,7 @@ __all__ = [
     "all_reduce",
     "broadcast",
     "codec",
+    "optim",
     "plan",
     "ppermute",
     "reduce_scatter",
