@@ -154,6 +154,9 @@ def kill(mesh):
     f(x).block_until_ready()
   except jax.errors.JaxRuntimeError as e:
     print(f"FAILED after {time.monotonic() - start:.1f} s: {e}", flush=True)
+    # Stay connected a moment: a survivor that left at once could be the first
+    # loss another survivor sees, instead of the killed process.
+    time.sleep(3)
     os._exit(0)  # the job lost a process: skip jax.distributed's shutdown barrier
   print("NO ERROR", flush=True)
   os._exit(1)
