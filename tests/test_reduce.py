@@ -16,6 +16,8 @@ from absl.testing import absltest, parameterized
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import bitwise
+from bitwise import bits, uint_of
 from jaxcc._src import config, ffi
 from jaxcc._src.reduce import reduce_sum, reduce_sum_reference
 
@@ -23,6 +25,10 @@ FLOATS = ("float32", "bfloat16", "float16")
 INTS = ("int32", "uint8", "int8", "uint32")
 SHAPES = ((1,), (7,), (1023,), (4097,), (3, 5, 7))
 SEED = np.random.SeedSequence().entropy  # fresh inputs every run; printed on failure
+
+
+def assert_same_bits(test, actual, expected, msg=""):
+  bitwise.assert_same_bits(test, actual, expected, f"{msg}, seed={SEED}")
 
 # Bit patterns of special values, per float dtype: quiet and signalling NaNs
 # with payloads and both signs, +-inf, +-0, subnormals, the smallest normal,
@@ -38,14 +44,6 @@ SPECIAL_BITS = {
 }
 
 
-def _uint(dtype):
-  return np.dtype(f"uint{8 * np.dtype(dtype).itemsize}")
-
-
-def bits(x):
-  """The raw bits of an array, as unsigned integers of the same width."""
-  x = np.asarray(x)
-  return x.view(_uint(x.dtype))
 
 
 def random_array(rng, shape, dtype, special_fraction=0.1):
@@ -56,7 +54,7 @@ def random_array(rng, shape, dtype, special_fraction=0.1):
     return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
   x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 4, size=shape)
   x = x.astype(np.float32).astype(dtype)
-  special = np.array(SPECIAL_BITS[dtype.name], dtype=_uint(dtype)).view(dtype)
+  special = np.array(SPECIAL_BITS[dtype.name], dtype=uint_of(dtype)).view(dtype)
   where = rng.random(shape) < special_fraction
   x[where] = rng.choice(special, size=int(where.sum()))
   return x
@@ -66,16 +64,6 @@ def random_inputs(k, shape, dtype, salt=0):
   rng = np.random.default_rng([SEED, salt])
   return [jnp.asarray(random_array(rng, shape, dtype)) for _ in range(k)]
 
-
-def assert_same_bits(test, actual, expected, msg=""):
-  actual, expected = np.asarray(actual), np.asarray(expected)
-  test.assertEqual(actual.dtype, expected.dtype, msg)
-  test.assertEqual(actual.shape, expected.shape, msg)
-  diff = np.flatnonzero(bits(actual) != bits(expected))
-  if diff.size:
-    i = diff[0]
-    test.fail(f"{diff.size} of {actual.size} elements differ, first at flat index {i}: "
-              f"{bits(actual).flat[i]:#x} != {bits(expected).flat[i]:#x} ({msg}, seed={SEED})")
 
 
 ffi_sum = jax.jit(lambda *xs: reduce_sum(list(xs)))
@@ -104,7 +92,7 @@ class ReduceSumTest(parameterized.TestCase):
   @parameterized.parameters(*FLOATS)
   def test_special_value_pairs(self, dtype):
     # Every ordered pair of special values, then the same plus a third.
-    special = np.array(SPECIAL_BITS[dtype], dtype=_uint(dtype)).view(jnp.dtype(dtype))
+    special = np.array(SPECIAL_BITS[dtype], dtype=uint_of(dtype)).view(jnp.dtype(dtype))
     a, b = (jnp.asarray(v) for v in zip(*itertools.product(special, repeat=2)))
     assert_same_bits(self, ffi_sum(a, b), twin_sum(a, b), dtype)
     assert_same_bits(self, ffi_sum(a, b, a[::-1]), twin_sum(a, b, a[::-1]), dtype)

@@ -16,6 +16,8 @@ from absl.testing import absltest, parameterized
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import bitwise
+from bitwise import bits, uint_of
 from jaxcc import codec
 from jaxcc._src import config
 from jaxcc.codec import reference
@@ -23,6 +25,10 @@ from jaxcc.codec import reference
 FLOATS = ("bfloat16", "float16", "float32")
 CODECS = ("fixed", "entropy")
 SEED = np.random.SeedSequence().entropy
+
+
+def assert_same_bits(test, actual, expected, msg=""):
+  bitwise.assert_same_bits(test, actual, expected, f"{msg}, seed={SEED}")
 # Crosses the fixed (256) and entropy (65536) block and sub-stream (1024) edges.
 SIZES = (0, 1, 7, 255, 256, 257, 1025, 4099, 65536 + 1000)
 
@@ -36,15 +42,12 @@ SPECIAL_BITS = {
 }
 
 
-def _uint(dtype):
-  return np.dtype(f"uint{8 * np.dtype(dtype).itemsize}")
-
 
 def make(kind, n, dtype, salt=0):
   """Test data of one kind: normal, weights, bits, special, sparse, zeros, negzero."""
   rng = np.random.default_rng([SEED, salt, n])
   dtype = np.dtype(jnp.dtype(dtype))
-  u = _uint(dtype)
+  u = uint_of(dtype)
   if kind == "bits":
     return rng.integers(0, np.iinfo(u).max, n, dtype=u, endpoint=True).view(dtype)
   if kind == "zeros":
@@ -64,20 +67,6 @@ def make(kind, n, dtype, salt=0):
   return x
 
 
-def bits(x):
-  x = np.asarray(x)
-  return x.view(_uint(x.dtype))
-
-
-def assert_same_bits(test, actual, expected, msg=""):
-  actual, expected = np.asarray(actual), np.asarray(expected)
-  test.assertEqual(actual.dtype, expected.dtype, msg)
-  test.assertEqual(actual.shape, expected.shape, msg)
-  diff = np.flatnonzero(bits(actual) != bits(expected))
-  if diff.size:
-    i = diff[0]
-    test.fail(f"{diff.size} of {actual.size} elements differ, first at {i}: "
-              f"{bits(actual).flat[i]:#x} != {bits(expected).flat[i]:#x} ({msg}, seed={SEED})")
 
 
 encode_jit = jax.jit(codec.encode, static_argnums=1)
@@ -122,7 +111,7 @@ class TwinTest(parameterized.TestCase):
     # A NaN or inf in a block raises its base to the top exponent: every other
     # element escapes, and the block switches to raw exponents.
     x = make("weights", 4096, dtype)
-    x[::300] = np.array(SPECIAL_BITS[dtype][:5] * 3, _uint(dtype))[:len(x[::300])].view(x.dtype)
+    x[::300] = np.array(SPECIAL_BITS[dtype][:5] * 3, uint_of(dtype))[:len(x[::300])].view(x.dtype)
     check_against_twin(self, x, name, f"{dtype} {name}")
 
   def test_huffman_lengths(self):
