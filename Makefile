@@ -23,6 +23,12 @@ NATIVE_SOURCES := $(shell find xla_ffi -type f \( -name '*.h' -o -name '*.cc' -o
 JAXLIB_VERSION := $(wildcard $(VENV)/lib/python3*/site-packages/jaxlib/version.py)
 DEPS_STAMP := $(VENV)/.jaxcc-deps
 INSTALL_STAMP := $(VENV)/.jaxcc-installed
+# With nvcc, nccl.h for the CUDA module's Nccl transport: fetched once from the
+# nvidia-nccl-cu13 wheel into build/nccl/include (CMake looks there). Only the
+# header is kept; libnccl.so.2 is loaded at run time. A failed fetch (offline)
+# builds the CUDA module without the transport; `rm -rf build/nccl` retries.
+NVCC := $(if $(filter OFF off 0,$(JAXCC_ENABLE_CUDA)),,$(or $(CUDACXX),$(shell command -v nvcc 2>/dev/null)))
+NCCL_STAMP := $(if $(NVCC),build/nccl/.fetched)
 
 .PHONY: all install test demo clean
 
@@ -57,6 +63,18 @@ $(DEPS_STAMP): Makefile | $(PY)
 	fi
 	touch $@
 
-$(INSTALL_STAMP): $(DEPS_STAMP) $(NATIVE_SOURCES) CMakeLists.txt pyproject.toml $(JAXLIB_VERSION)
+build/nccl/.fetched: | $(DEPS_STAMP)
+	@mkdir -p build/nccl/include
+	@if $(PY) -m pip download -q --no-deps nvidia-nccl-cu13 -d build/nccl/wheel && \
+	  unzip -q -o -j build/nccl/wheel/nvidia_nccl_cu13-*.whl 'nvidia/nccl/include/nccl.h' \
+	    -d build/nccl/include; then \
+	  echo "nccl.h fetched into build/nccl/include"; \
+	else \
+	  echo "warning: could not fetch nccl.h; the CUDA module is built without the Nccl transport"; \
+	fi
+	@rm -rf build/nccl/wheel
+	@touch $@
+
+$(INSTALL_STAMP): $(DEPS_STAMP) $(NCCL_STAMP) $(NATIVE_SOURCES) CMakeLists.txt pyproject.toml $(JAXLIB_VERSION)
 	$(PY) -m pip install --no-build-isolation --no-deps -e .
 	touch $@

@@ -140,12 +140,14 @@ def register(prim, abstract_eval, run, transpose, batcher) -> None:
   """Register an effectful abstract eval, lowerings, a linear transpose and a batcher.
 
   ``run(*args, native, **params)`` is the body lowered on every platform with
-  ``native=False`` and on the CPU with ``native=True``.
+  ``native=False``, on the CPU with ``native=True`` and on CUDA GPUs with
+  ``native="cuda"``.
   """
   prim.def_effectful_abstract_eval(abstract_eval)
   prim.def_impl(_unmapped_impl(prim.name))
   mlir.register_lowering(prim, lower_in_axis_env(run, native=False))
   mlir.register_lowering(prim, lower_in_axis_env(run, native=True), platform="cpu")
+  mlir.register_lowering(prim, lower_in_axis_env(run, native="cuda"), platform="cuda")
   ad.deflinear2(prim, transpose)
   batching.fancy_primitive_batchers[prim] = batcher
 

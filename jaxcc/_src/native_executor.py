@@ -11,7 +11,9 @@ the operand).
 Transports: InProcess when every rank of the group lives in this process
 (the devices read each other's buffers directly), Tcp when they span the
 processes of a jax.distributed job (``process_map`` tells the handler which
-process holds each rank; ``tcp_bootstrap`` connects the processes). Op ids
+process holds each rank; ``tcp_bootstrap`` connects the processes). On the
+GPU, Nccl (``run_schedule_cuda``): one NCCL communicator per axis instance
+and device, made by ``nccl_bootstrap`` at lowering. Op ids
 count call sites in lowering order, so every process must lower the same
 programs in the same order (any SPMD program does).
 """
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxcc._src import compat, tcp_bootstrap
+from jaxcc._src import compat, nccl_bootstrap, tcp_bootstrap
 from jaxcc._src import ffi as _ffi  # noqa: F401  (registers jaxcc_collective)
 from jaxcc.schedules.ir import DST, SRC, Schedule
 from jaxcc.topology import Topology
@@ -71,6 +73,39 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
           op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
           name=schedule.collective, procs=np.ascontiguousarray(procs, np.int64),
           pacing=pacing)
+  return out
+
+
+def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
+                      group_axes: tuple[tuple[str, int], ...]) -> jax.Array | None:
+  """``run_schedule`` on the GPU over the Nccl transport (inside shard_map, lowering for CUDA).
+
+  Creates the axis' communicators first (``nccl_bootstrap.ensure_comms``).
+  Returns None when the lowering mesh's devices are unknown (abstract mesh):
+  then no communicator can be made.
+  """
+  if buf.ndim != 1 or buf.shape[0] != schedule.length:
+    raise ValueError(f"run_schedule: buffer of shape {buf.shape} for a schedule of "
+                     f"{schedule.length} elements")
+  if not len(schedule.table):
+    return buf
+  mesh = compat.lowering_mesh()
+  if mesh is None:
+    return None
+  key = nccl_bootstrap.ensure_comms(mesh, axis_name, group_axes)
+  rank = lax.axis_index(axis_name).astype(jnp.int32)
+  group = jnp.int32(0)
+  for name, size in group_axes:
+    group = group * size + lax.axis_index(name).astype(jnp.int32)
+  out, _ = jax.ffi.ffi_call(
+      "jaxcc_collective",
+      (jax.ShapeDtypeStruct(buf.shape, buf.dtype), jax.ShapeDtypeStruct((), jnp.int32)),
+      has_side_effect=True, input_output_aliases={0: 0})(
+          buf, rank, group, jnp.int32(0),
+          table=np.ascontiguousarray(schedule.table.reshape(-1)),
+          num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
+          op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
+          name=schedule.collective, procs=_NONE, pacing=_NONE, comm_key=np.int64(key))
   return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxcc._src import compat, native_executor, xla_executor
+from jaxcc._src import compat, native_executor, nccl_bootstrap, xla_executor
 from jaxcc._src.reduce import SUPPORTED_DTYPES
 from jaxcc.schedules.ir import Schedule
 from jaxcc.schedules.planner import check_algorithm, schedule_for
@@ -35,14 +35,17 @@ def native_params(axis_name) -> dict:
   return {"group_axes": compat.group_axes(axis_name)}
 
 
-def execute(buf: jax.Array, sched: Schedule, params: dict, native: bool) -> jax.Array:
+def execute(buf: jax.Array, sched: Schedule, params: dict, native: bool | str) -> jax.Array:
   """Run ``sched`` on the flat ``buf`` with the executor the params and the platform call for.
 
   ``native`` is True when lowering for the CPU: the native executor runs there
   (over TCP when the axis spans processes) unless ``executor="xla"``, some
   mesh axis is not manual (then ``group_axes`` is None), or the axis spans
-  processes of a mesh whose devices are unknown.
+  processes of a mesh whose devices are unknown. It is "cuda" when lowering
+  for a CUDA GPU: see ``_execute_cuda``.
   """
+  if native == "cuda":
+    return _execute_cuda(buf, sched, params)
   if native and params["executor"] != "xla" and params["group_axes"] is not None:
     procs = native_executor.process_map(params["axis_name"], params["group_axes"])
     if procs is not None:
@@ -52,6 +55,27 @@ def execute(buf: jax.Array, sched: Schedule, params: dict, native: bool) -> jax.
     raise NotImplementedError("executor='native' runs on the CPU, across processes only in a "
                               "shard_map over a mesh of devices (jax.make_mesh); use "
                               "executor='auto' or 'xla'")
+  return xla_executor.run_schedule(buf, sched, params["axis_name"])
+
+
+def _execute_cuda(buf: jax.Array, sched: Schedule, params: dict) -> jax.Array:
+  """On the GPU the native executor runs over the Nccl transport when jaxcc's CUDA module has it
+  and libnccl.so.2 loads; else "auto" falls back to the XLA executor and "native" is an error."""
+  if params["executor"] == "xla":
+    return xla_executor.run_schedule(buf, sched, params["axis_name"])
+  if params["group_axes"] is None:
+    reason = "some mesh axis is not manual"
+  else:
+    reason = nccl_bootstrap.unavailable()
+  if reason is None:
+    out = native_executor.run_schedule_cuda(buf, sched, params["axis_name"],
+                                            params["group_axes"])
+    if out is not None:
+      return out
+    reason = "the devices of the shard_map's mesh are unknown (abstract mesh)"
+  if params["executor"] == "native":
+    raise NotImplementedError(f"executor='native' on the GPU needs the Nccl transport: {reason}; "
+                              f"use executor='auto' or 'xla'")
   return xla_executor.run_schedule(buf, sched, params["axis_name"])
 
 

@@ -16,6 +16,7 @@
 
 #include "jaxcc/dtypes.h"
 #include "jaxcc/reduce.h"
+#include "reduce_cuda.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -180,3 +181,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccReduceCuda, jaxcc::ReduceImpl,
                                   .Ctx<ffi::ScratchAllocator>()              // scratch
                                   .RemainingArgs()                           // inputs: k >= 1
                                   .Ret<ffi::AnyBuffer>());                   // out
+
+namespace jaxcc {
+
+// Exposed for the CUDA jaxcc_collective (reduce_cuda.h): the same kernels,
+// k >= 1 inputs (k == 1 is a copy), on `stream`.
+ffi::Error ReduceOnCudaStream(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                              ffi::DataType dtype, const std::vector<const void*>& inputs,
+                              void* out, size_t n) {
+  return DispatchReduceType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::Type;
+    T* dst = static_cast<T*>(out);
+    if (n == 0 || inputs.empty()) return ffi::Error::Success();
+    if (inputs.size() == 1) {
+      if (inputs[0] == out) return ffi::Error::Success();
+      const cudaError_t err = cudaMemcpyAsync(dst, inputs[0], n * sizeof(T),
+                                              cudaMemcpyDeviceToDevice, stream);
+      return err == cudaSuccess ? ffi::Error::Success() : CudaError(err, "cudaMemcpyAsync failed");
+    }
+    return ReduceOnStream<T>(stream, scratch, inputs, dst, n);
+  });
+}
+
+}  // namespace jaxcc
