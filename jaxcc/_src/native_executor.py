@@ -51,29 +51,14 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
     topology: the network the schedule was planned on; sets the pacing of the
       TCP connections (``pacing_rates``).
   """
-  if buf.ndim != 1 or buf.shape[0] != schedule.length:
-    raise ValueError(f"run_schedule: buffer of shape {buf.shape} for a schedule of "
-                     f"{schedule.length} elements")
+  _check_buffer(buf, schedule)
   if not len(schedule.table):
     return buf
   if len(procs):
     tcp_bootstrap.ensure_started()
-  rank = lax.axis_index(axis_name).astype(jnp.int32)
-  group = jnp.int32(0)
-  for name, size in group_axes:
-    group = group * size + lax.axis_index(name).astype(jnp.int32)
   pacing = pacing_rates(schedule, topology) if len(procs) and topology is not None else _NONE
-  out, _ = jax.ffi.ffi_call(
-      "jaxcc_collective",
-      (jax.ShapeDtypeStruct(buf.shape, buf.dtype), jax.ShapeDtypeStruct((), jnp.int32)),
-      has_side_effect=True, input_output_aliases={0: 0})(
-          buf, rank, group, jnp.int32(0),
-          table=np.ascontiguousarray(schedule.table.reshape(-1)),
-          num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
-          op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
-          name=schedule.collective, procs=np.ascontiguousarray(procs, np.int64),
-          pacing=pacing)
-  return out
+  return _collective_call(buf, schedule, axis_name, group_axes,
+                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing)
 
 
 def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
@@ -84,15 +69,25 @@ def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
   Returns None when the lowering mesh's devices are unknown (abstract mesh):
   then no communicator can be made.
   """
-  if buf.ndim != 1 or buf.shape[0] != schedule.length:
-    raise ValueError(f"run_schedule: buffer of shape {buf.shape} for a schedule of "
-                     f"{schedule.length} elements")
+  _check_buffer(buf, schedule)
   if not len(schedule.table):
     return buf
   mesh = compat.lowering_mesh()
   if mesh is None:
     return None
   key = nccl_bootstrap.ensure_comms(mesh, axis_name, group_axes)
+  return _collective_call(buf, schedule, axis_name, group_axes, procs=_NONE, pacing=_NONE,
+                          comm_key=np.int64(key))
+
+
+def _check_buffer(buf: jax.Array, schedule: Schedule) -> None:
+  if buf.ndim != 1 or buf.shape[0] != schedule.length:
+    raise ValueError(f"run_schedule: buffer of shape {buf.shape} for a schedule of "
+                     f"{schedule.length} elements")
+
+
+def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
+  """One ``jaxcc_collective`` call: this rank, its group, the schedule and ``attrs``."""
   rank = lax.axis_index(axis_name).astype(jnp.int32)
   group = jnp.int32(0)
   for name, size in group_axes:
@@ -105,7 +100,7 @@ def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
           table=np.ascontiguousarray(schedule.table.reshape(-1)),
           num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
           op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
-          name=schedule.collective, procs=_NONE, pacing=_NONE, comm_key=np.int64(key))
+          name=schedule.collective, **attrs)
   return out
 
 
