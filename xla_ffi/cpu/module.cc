@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "jaxcc/module.h"
 #include "tcp.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -23,13 +24,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCollective);
 
 namespace {
 
-struct Target {
-  const char* name;          // the ffi_call target name
-  XLA_FFI_Handler* handler;  // the handler symbol
-};
-
 // Every target of this module. Add new handlers here.
-constexpr Target kTargets[] = {
+constexpr jaxcc::Target kTargets[] = {
     {"jaxcc_reduce", JaxccReduce},
     {"jaxcc_codec_encode_fixed", JaxccCodecEncodeFixed},
     {"jaxcc_codec_decode_fixed", JaxccCodecDecodeFixed},
@@ -42,19 +38,7 @@ constexpr Target kTargets[] = {
 
 NB_MODULE(_jaxcc_cpu, m) {
   m.doc() = "jaxcc CPU handlers for XLA FFI custom calls.";
-  m.def(
-      "registrations",
-      [] {
-        nb::dict targets;
-        for (const Target& t : kTargets) {
-          targets[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
-        }
-        return targets;
-      },
-      "Returns {target name: PyCapsule of the handler} for jax.ffi.register_ffi_target.");
-  m.def(
-      "ffi_api_version", [] { return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); },
-      "The XLA FFI C API version (major, minor) this module was compiled against.");
+  jaxcc::DefineRegistrations(m, kTargets);
   m.def(
       "tcp_start",
       [](int process, std::vector<int> fds) {

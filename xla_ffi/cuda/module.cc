@@ -4,6 +4,7 @@
 // without a GPU or driver.
 #include <nanobind/nanobind.h>
 
+#include "jaxcc/module.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -34,13 +35,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCollectiveCuda);
 
 namespace {
 
-struct Target {
-  const char* name;          // the ffi_call target name (same as on the CPU)
-  XLA_FFI_Handler* handler;  // the handler symbol
-};
-
 // Every target of this module. Add new handlers here.
-constexpr Target kTargets[] = {
+constexpr jaxcc::Target kTargets[] = {
     {"jaxcc_reduce", JaxccReduceCuda},
     {"jaxcc_codec_encode_fixed", JaxccCodecEncodeFixedCuda},
     {"jaxcc_codec_decode_fixed", JaxccCodecDecodeFixedCuda},
@@ -55,19 +51,7 @@ constexpr Target kTargets[] = {
 
 NB_MODULE(_jaxcc_cuda, m) {
   m.doc() = "jaxcc CUDA handlers for XLA FFI custom calls.";
-  m.def(
-      "registrations",
-      [] {
-        nb::dict targets;
-        for (const Target& t : kTargets) {
-          targets[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
-        }
-        return targets;
-      },
-      "Returns {target name: PyCapsule of the handler} for jax.ffi.register_ffi_target.");
-  m.def(
-      "ffi_api_version", [] { return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); },
-      "The XLA FFI C API version (major, minor) this module was compiled against.");
+  jaxcc::DefineRegistrations(m, kTargets);
 #ifdef JAXCC_HAS_NCCL
   m.def("has_nccl", [] { return true; }, "Whether the Nccl transport (jaxcc_collective) was built.");
   m.def(
