@@ -1,0 +1,192 @@
+"""An emulated cluster on one Linux host: a network namespace per rank, shaped by ``tc``.
+
+Each rank ``i`` gets namespace ``jaxcc-<tag>-<i>`` with ``eth0`` at
+``10.77.0.<i+1>/24``, the other end of its veth pair on one bridge. A token
+bucket filter limits the rank's egress (namespace side) and ingress (bridge
+side) to its rate; ``latency`` adds a one-way netem delay to every egress.
+Needs root and iproute2 (``ip``, ``tc``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping
+
+from jaxcc.topology import Topology
+
+PREFIX = "jaxcc-"
+SUBNET = "10.77.0"
+NETNS_ETC = "/etc/netns"
+_BURST = "256kb"  # measured in testbed.md: smaller bursts cost CPU, larger ones skew short runs
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def parse_rate(rate: str | float) -> float:
+  """Bits per second of a ``tc`` rate such as ``"200mbit"``, or of a number (bit/s)."""
+  if isinstance(rate, (int, float)):
+    bits = float(rate)
+  else:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmg]?)bit\s*", rate.lower())
+    if not m:
+      raise ValueError(f"testbed: rate must look like '200mbit' or be bit/s, got {rate!r}")
+    bits = float(m.group(1)) * _UNITS[m.group(2)]
+  if not bits > 0:
+    raise ValueError(f"testbed: rate must be positive, got {rate!r}")
+  return bits
+
+
+def require_privileges() -> None:
+  """Raise RuntimeError naming what is missing when the testbed cannot be built here."""
+  missing = [f"the '{tool}' command (iproute2)" for tool in ("ip", "tc") if not shutil.which(tool)]
+  if os.geteuid() != 0:
+    missing.insert(0, "root (network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN)")
+  if missing:
+    raise RuntimeError("jaxcc.testbed needs " + " and ".join(missing))
+
+
+def _run(*cmd: str, netns: str | None = None) -> str:
+  if netns is not None:
+    cmd = ("ip", "netns", "exec", netns, *cmd)
+  done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if done.returncode:
+    raise RuntimeError(f"testbed: `{' '.join(cmd)}` failed ({done.returncode}): "
+                       f"{done.stderr.strip()}")
+  return done.stdout
+
+
+def _names() -> tuple[list[str], list[str]]:
+  """Namespaces and host links named jaxcc-*."""
+  spaces = [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()]
+  links = [line.split(":")[1].strip().split("@")[0]
+           for line in _run("ip", "-o", "link", "show").splitlines()]
+  return [s for s in spaces if s.startswith(PREFIX)], [k for k in links if k.startswith(PREFIX)]
+
+
+def cleanup_stale() -> list[str]:
+  """Remove every namespace, link and /etc/netns entry named jaxcc-*; return their names.
+
+  Meant for leftovers of crashed runs: it also removes a cluster still in use.
+  """
+  require_privileges()
+  spaces, links = _names()
+  etc = [e for e in os.listdir(NETNS_ETC) if e.startswith(PREFIX)] if os.path.isdir(NETNS_ETC) else []
+  for s in spaces:
+    subprocess.run(["ip", "netns", "delete", s], capture_output=True, check=False)
+  for link in links:
+    subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
+  for e in etc:
+    shutil.rmtree(os.path.join(NETNS_ETC, e), ignore_errors=True)
+  return sorted(set(spaces + links + etc))
+
+
+class Cluster:
+  """``n`` emulated hosts on one bridge, as a context manager that always tears down.
+
+  Args:
+    n: number of hosts (ranks), at most 254.
+    rate: each host's link rate both ways, a ``tc`` rate (``"200mbit"``) or bit/s.
+    stragglers: ``{rank: fraction}``: those hosts get ``fraction`` of ``rate``.
+    latency: optional one-way delay added to each host's egress, a ``tc`` time (``"5ms"``).
+    mtu: MTU of the veths and the bridge.
+
+  Example:
+    with Cluster(4, stragglers={3: 0.5}) as c:
+      results = launch(c, "worker.py", [], timeout_s=120)
+      tx, rx = c.bytes(3)
+  """
+
+  def __init__(self, n: int, rate: str | float = "200mbit",
+               stragglers: Mapping[int, float] | None = None,
+               latency: str | None = None, mtu: int = 9000):
+    if not 1 <= n <= 254:
+      raise ValueError(f"testbed: n must be in [1, 254], got {n}")
+    stragglers = dict(stragglers or {})
+    for r, f in stragglers.items():
+      if not 0 <= r < n or not 0 < f <= 1:
+        raise ValueError(f"testbed: straggler {r}: {f} needs a rank in [0, {n}) and a "
+                         "fraction in (0, 1]")
+    self.n, self.latency, self.mtu = n, latency, mtu
+    self.rates = tuple(parse_rate(rate) * stragglers.get(i, 1.0) for i in range(n))
+    self.tag = secrets.token_hex(2)
+    self.bridge = f"{PREFIX}{self.tag}-br"
+
+  def netns(self, rank: int) -> str:
+    """The namespace of host ``rank``."""
+    return f"{PREFIX}{self.tag}-{rank}"
+
+  def address(self, rank: int) -> str:
+    """The IPv4 address of host ``rank``."""
+    return f"{SUBNET}.{rank + 1}"
+
+  def _veth(self, rank: int) -> str:
+    return f"{self.netns(rank)}v"  # the bridge-side end; the namespace side is eth0
+
+  @property
+  def topology(self) -> Topology:
+    """The cluster as a ``jaxcc.Topology`` (bytes/s per rank)."""
+    return Topology.from_bandwidths([r / 8 for r in self.rates])
+
+  def bytes(self, rank: int) -> tuple[int, int]:
+    """(sent, received) bytes of host ``rank`` so far, headers included, from kernel counters."""
+    stats = f"/sys/class/net/{self._veth(rank)}/statistics"
+    counts = []
+    for name in ("rx_bytes", "tx_bytes"):  # the bridge side sees the host's traffic mirrored
+      with open(f"{stats}/{name}") as f:
+        counts.append(int(f.read()))
+    return counts[0], counts[1]
+
+  def __enter__(self) -> Cluster:
+    require_privileges()
+    try:
+      self._build()
+    except BaseException:
+      self.close()
+      raise
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def _shape(self, dev: str, rank: int, netns: str | None) -> None:
+    tbf = ("tbf", "rate", f"{int(self.rates[rank])}bit", "burst", _BURST, "latency", "100ms")
+    _run("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", *tbf, netns=netns)
+    if self.latency is not None and netns is not None:
+      try:
+        _run("tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
+             "delay", self.latency, netns=netns)
+      except RuntimeError as e:
+        raise RuntimeError(f"testbed: latency needs the kernel's netem qdisc (sch_netem): {e}") from e
+
+  def _build(self) -> None:
+    mtu = str(self.mtu)
+    _run("ip", "link", "add", self.bridge, "type", "bridge")
+    hostname = socket.gethostname()
+    for i in range(self.n):
+      ns, veth = self.netns(i), self._veth(i)
+      # gloo advertises the address the hostname resolves to: make it this host's.
+      os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
+      with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
+        f.write(f"127.0.0.1 localhost\n{self.address(i)} {hostname}\n")
+      _run("ip", "netns", "add", ns)
+      _run("ip", "link", "add", veth, "mtu", mtu, "type", "veth", "peer", "name", "eth0",
+           "mtu", mtu, "netns", ns)
+      _run("ip", "link", "set", veth, "master", self.bridge, "up")
+      _run("ip", "link", "set", "lo", "up", netns=ns)
+      _run("ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0", netns=ns)
+      _run("ip", "link", "set", "eth0", "up", netns=ns)
+      self._shape("eth0", i, ns)
+      self._shape(veth, i, None)
+    _run("ip", "link", "set", self.bridge, "mtu", mtu, "up")
+
+  def close(self) -> None:
+    """Remove this cluster's namespaces, bridge and /etc/netns entries (idempotent)."""
+    for i in range(self.n):  # the veth first: a namespace's devices go asynchronously
+      subprocess.run(["ip", "link", "delete", self._veth(i)], capture_output=True, check=False)
+      subprocess.run(["ip", "netns", "delete", self.netns(i)], capture_output=True, check=False)
+      shutil.rmtree(os.path.join(NETNS_ETC, self.netns(i)), ignore_errors=True)
+    subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
