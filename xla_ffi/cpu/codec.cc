@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "jaxcc/codec.h"
+#include "jaxcc/codec_ffi.h"
 #include "jaxcc/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -862,42 +863,14 @@ bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, F
 // Handlers.
 // ---------------------------------------------------------------------------
 
-bool ToDTypeId(ffi::DataType t, DTypeId* d) {
-  switch (t) {
-    case ffi::BF16: *d = kBF16; return true;
-    case ffi::F16: *d = kF16; return true;
-    case ffi::F32: *d = kF32; return true;
-    default: return false;
-  }
-}
-
-const char* Name(CodecId c, bool encode) {
-  if (c == kFixed) return encode ? "jaxcc_codec_encode_fixed" : "jaxcc_codec_decode_fixed";
-  return encode ? "jaxcc_codec_encode_entropy" : "jaxcc_codec_decode_entropy";
-}
-
-uint64_t MaxBytes(CodecId c, DTypeId d, uint64_t n) {
-  return c == kFixed ? MakeFixedLayout(d, n).max_bytes : EntropyMaxBytes(d, n);
-}
-
 template <CodecId C>
 ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::BufferR0<ffi::S32>> nbytes) {
   const std::string name = Name(C, true);
   DTypeId d;
-  if (!ToDTypeId(x.element_type(), &d)) {
-    return ffi::Error::InvalidArgument(name + ": unsupported dtype " +
-                                       DataTypeName(x.element_type()) +
-                                       " (supported: bfloat16, float16, float32)");
-  }
+  ffi::Error err = CheckEncodeArgs(C, x, payload->element_count(), &d);
+  if (!err.success()) return err;
   const uint64_t n = x.element_count();
-  const uint64_t cap = MaxBytes(C, d, n);
-  if (payload->element_count() < cap || cap > 0x7fffffffu) {
-    return ffi::Error::InvalidArgument(name + ": the payload holds " +
-                                       std::to_string(payload->element_count()) +
-                                       " bytes, the encoding needs up to " + std::to_string(cap) +
-                                       " (at most 2^31 - 1)");
-  }
   uint8_t* out = payload->typed_data();
   const void* src = x.untyped_data();
   uint64_t size = 0;
@@ -924,11 +897,8 @@ ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::BufferR0<ffi::S32> nbyt
                       ffi::Result<ffi::AnyBuffer> y) {
   const std::string name = Name(C, false);
   DTypeId d;
-  if (!ToDTypeId(y->element_type(), &d)) {
-    return ffi::Error::InvalidArgument(name + ": unsupported dtype " +
-                                       DataTypeName(y->element_type()) +
-                                       " (supported: bfloat16, float16, float32)");
-  }
+  ffi::Error err = CheckDType(name, y->element_type(), &d);
+  if (!err.success()) return err;
   const uint64_t n = y->element_count();
   const int32_t claimed = *nbytes.typed_data();
   Failure f;

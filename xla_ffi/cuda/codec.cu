@@ -24,6 +24,7 @@
 #include <string>
 
 #include "jaxcc/codec.h"
+#include "jaxcc/codec_ffi.h"
 #include "jaxcc/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -851,24 +852,6 @@ __global__ void __launch_bounds__(kThreads)
 // Handlers.
 // ---------------------------------------------------------------------------
 
-bool ToDTypeId(ffi::DataType t, DTypeId* d) {
-  switch (t) {
-    case ffi::BF16: *d = kBF16; return true;
-    case ffi::F16: *d = kF16; return true;
-    case ffi::F32: *d = kF32; return true;
-    default: return false;
-  }
-}
-
-std::string Name(CodecId c, bool encode) {
-  return std::string(encode ? "jaxcc_codec_encode_" : "jaxcc_codec_decode_") +
-         (c == kFixed ? "fixed" : "entropy");
-}
-
-uint64_t MaxBytes(CodecId c, DTypeId d, uint64_t n) {
-  return c == kFixed ? MakeFixedLayout(d, n).max_bytes : EntropyMaxBytes(d, n);
-}
-
 ffi::Error NoScratch(const std::string& name, uint64_t bytes) {
   return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                     name + ": cannot allocate " + std::to_string(bytes) + " bytes of scratch");
@@ -949,19 +932,9 @@ ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
                       ffi::Result<ffi::BufferR0<ffi::S32>> nbytes) {
   const std::string name = Name(C, true);
   DTypeId d;
-  if (!ToDTypeId(x.element_type(), &d)) {
-    return ffi::Error::InvalidArgument(name + ": unsupported dtype " +
-                                       DataTypeName(x.element_type()) +
-                                       " (supported: bfloat16, float16, float32)");
-  }
+  ffi::Error err = CheckEncodeArgs(C, x, payload->element_count(), &d);
+  if (!err.success()) return err;
   const uint64_t n = x.element_count();
-  const uint64_t cap = MaxBytes(C, d, n);
-  if (payload->element_count() < cap || cap > 0x7fffffffu) {
-    return ffi::Error::InvalidArgument(name + ": the payload holds " +
-                                       std::to_string(payload->element_count()) +
-                                       " bytes, the encoding needs up to " + std::to_string(cap) +
-                                       " (at most 2^31 - 1)");
-  }
   uint8_t* out = payload->typed_data();
   int32_t* size = nbytes->typed_data();
   const void* src = x.untyped_data();
@@ -1082,11 +1055,8 @@ ffi::Error DecodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
                       ffi::Result<ffi::AnyBuffer> y) {
   const std::string name = Name(C, false);
   DTypeId d;
-  if (!ToDTypeId(y->element_type(), &d)) {
-    return ffi::Error::InvalidArgument(name + ": unsupported dtype " +
-                                       DataTypeName(y->element_type()) +
-                                       " (supported: bfloat16, float16, float32)");
-  }
+  ffi::Error err = CheckDType(name, y->element_type(), &d);
+  if (!err.success()) return err;
   const uint64_t n = y->element_count();
   const uint64_t buffer_bytes = payload.element_count();
   const uint8_t* in = payload.typed_data();
@@ -1117,7 +1087,7 @@ ffi::Error DecodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
   ChecksumKernel<<<ChecksumBlocks(nbytes), kThreads, 0, stream>>>(in, dev_nbytes, words + 2);
   JAXCC_LAUNCHED(name);
   void* dst = y->untyped_data();
-  ffi::Error err = ffi::Error::Success();
+  err = ffi::Error::Success();
   if constexpr (C == kFixed) {
     switch (d) {
       case kBF16: err = DecodeFixedOn<kBF16>(name, stream, scratch, in, nbytes, n, dst, words); break;
