@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import bitwise
-from bitwise import bits, uint_of
+from bitwise import SPECIAL_BITS, bits, uint_of
 from jaxcc._src import config, ffi
 from jaxcc._src.reduce import reduce_sum, reduce_sum_reference
 
@@ -33,15 +33,6 @@ def assert_same_bits(test, actual, expected, msg=""):
 # Bit patterns of special values, per float dtype: quiet and signalling NaNs
 # with payloads and both signs, +-inf, +-0, subnormals, the smallest normal,
 # the largest finite values, and values near 1.
-SPECIAL_BITS = {
-    "float32": (0x7FC00001, 0x7F800001, 0xFFA12345, 0xFFC00000, 0x7F800000, 0xFF800000,
-                0x80000000, 0x00000000, 0x00000001, 0x807FFFFF, 0x00800000, 0x7F7FFFFF,
-                0xFF7FFFFF, 0x7F7FFFFE, 0x3F800000, 0x33800000),
-    "bfloat16": (0x7FC1, 0x7F81, 0xFFA5, 0xFFC0, 0x7F80, 0xFF80, 0x8000, 0x0000, 0x0001, 0x807F,
-                 0x0080, 0x7F7F, 0xFF7F, 0x7F7E, 0x3F80, 0x3B80),
-    "float16": (0x7E01, 0x7C01, 0xFD55, 0xFE00, 0x7C00, 0xFC00, 0x8000, 0x0000, 0x0001, 0x83FF,
-                0x0400, 0x7BFF, 0xFBFF, 0x7BFE, 0x3C00, 0x1400),
-}
 
 
 

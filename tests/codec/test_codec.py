@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import bitwise
-from bitwise import bits, uint_of
+from bitwise import SPECIAL_BITS, bits, uint_of
 from jaxcc import codec
 from jaxcc._src import config
 from jaxcc.codec import reference
@@ -32,39 +32,12 @@ def assert_same_bits(test, actual, expected, msg=""):
 # Crosses the fixed (256) and entropy (65536) block and sub-stream (1024) edges.
 SIZES = (0, 1, 7, 255, 256, 257, 1025, 4099, 65536 + 1000)
 
-SPECIAL_BITS = {
-    "float32": (0x7FC00001, 0x7F800001, 0xFFA12345, 0x7F800000, 0xFF800000, 0x80000000, 0,
-                0x00000001, 0x807FFFFF, 0x00800000, 0x7F7FFFFF, 0x3F800000),
-    "bfloat16": (0x7FC1, 0x7F81, 0xFFA5, 0x7F80, 0xFF80, 0x8000, 0, 0x0001, 0x807F, 0x0080,
-                 0x7F7F, 0x3F80),
-    "float16": (0x7E01, 0x7C01, 0xFD55, 0x7C00, 0xFC00, 0x8000, 0, 0x0001, 0x83FF, 0x0400,
-                0x7BFF, 0x3C00),
-}
 
 
 
 def make(kind, n, dtype, salt=0):
-  """Test data of one kind: normal, weights, bits, special, sparse, zeros, negzero."""
-  rng = np.random.default_rng([SEED, salt, n])
-  dtype = np.dtype(jnp.dtype(dtype))
-  u = uint_of(dtype)
-  if kind == "bits":
-    return rng.integers(0, np.iinfo(u).max, n, dtype=u, endpoint=True).view(dtype)
-  if kind == "zeros":
-    return np.zeros(n, dtype)
-  if kind == "negzero":
-    return np.full(n, -0.0, dtype)
-  x = rng.standard_normal(n).astype(np.float32)
-  if kind == "weights":
-    x *= 0.05
-  if kind == "sparse":
-    x[rng.random(n) >= 0.03] = 0.0
-  x = x.astype(dtype)
-  if kind == "special":
-    special = np.array(SPECIAL_BITS[dtype.name], u).view(dtype)
-    where = rng.random(n) < 0.2
-    x[where] = rng.choice(special, size=int(where.sum()))
-  return x
+  """Test data of one kind (bitwise.float_data), fresh per run, fixed per (kind, n, salt)."""
+  return bitwise.float_data(kind, n, dtype, np.random.default_rng([SEED, salt, n]))
 
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import pathlib
 import sys
 import time
 
@@ -28,42 +29,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcc import codec
-from jaxcc._src import ffi
-from jaxcc.codec import reference
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: shared data
+from bitwise import float_data  # noqa: E402
+
+from jaxcc import codec  # noqa: E402
+from jaxcc._src import ffi  # noqa: E402
+from jaxcc.codec import reference  # noqa: E402
 
 FLOATS = ("bfloat16", "float16", "float32")
 CODECS = ("fixed", "entropy")
 KINDS = ("normal", "weights", "bits", "special", "sparse", "zeros")
 SIZES = (1, 255, 256, 257, 4099, 65536, 65536 * 3 + 1000)
 TARGET_GBPS = {"fixed": 1000.0, "entropy": 300.0}
-SPECIAL = {
-    "float32": (0x7FC00001, 0x7F800001, 0xFFA12345, 0x7F800000, 0xFF800000, 0x80000000, 0,
-                0x00000001, 0x807FFFFF, 0x00800000, 0x7F7FFFFF),
-    "bfloat16": (0x7FC1, 0x7F81, 0xFFA5, 0x7F80, 0xFF80, 0x8000, 0, 0x0001, 0x807F, 0x0080,
-                 0x7F7F),
-    "float16": (0x7E01, 0x7C01, 0xFD55, 0x7C00, 0xFC00, 0x8000, 0, 0x0001, 0x83FF, 0x0400,
-                0x7BFF),
-}
 
 
-def make(kind: str, n: int, dtype: str, rng) -> np.ndarray:
-  dt = np.dtype(jnp.dtype(dtype))
-  u = np.dtype(f"uint{8 * dt.itemsize}")
-  if kind == "bits":
-    return rng.integers(0, np.iinfo(u).max, n, dtype=u, endpoint=True).view(dt)
-  if kind == "zeros":
-    return np.zeros(n, dt)
-  x = rng.standard_normal(n).astype(np.float32)
-  if kind == "weights":
-    x *= 0.05
-  if kind == "sparse":
-    x[rng.random(n) >= 0.03] = 0.0
-  x = x.astype(dt)
-  if kind == "special":
-    where = rng.random(n) < 0.2
-    x[where] = rng.choice(np.array(SPECIAL[dtype], u).view(dt), size=int(where.sum()))
-  return x
 
 
 def same_bits(a, b) -> bool:
@@ -82,7 +61,7 @@ def check_exact(gpu, cpu, quick: bool) -> int:
     for name in CODECS:
       for kind in KINDS:
         for n in sizes:
-          x = make(kind, n, dtype, rng)
+          x = float_data(kind, n, dtype, rng)
           what = f"{dtype} {name} {kind} n={n}"
           g = enc[gpu](jax.device_put(x, gpu), name)
           c = enc[cpu](jax.device_put(x, cpu), name)
@@ -97,7 +76,7 @@ def check_exact(gpu, cpu, quick: bool) -> int:
             failures += 1
             print(f"MISMATCH {what}: gpu {int(g.nbytes)} B, cpu {int(c.nbytes)} B", flush=True)
       # Corruption must fail on the GPU too.
-      x = make("weights", 70000, dtype, rng)
+      x = float_data("weights", 70000, dtype, rng)
       g = enc[gpu](jax.device_put(x, gpu), name)
       payload = np.asarray(g.payload).copy()
       payload[int(g.nbytes) // 2] ^= 0x10
@@ -128,7 +107,7 @@ def throughput(gpu, quick: bool) -> None:
   rng = np.random.default_rng(1)
   for dtype, n in (("bfloat16", 1 << 28), ("float32", 1 << 27)):
     n = n // 16 if quick else n
-    x = jax.device_put(make("weights", n, dtype, rng), gpu)
+    x = jax.device_put(float_data("weights", n, dtype, rng), gpu)
     for name in CODECS:
       enc = jax.jit(lambda a, name=name: codec.encode(a, name))
       dec = jax.jit(codec.decode)
