@@ -18,7 +18,6 @@ from jax._src.interpreters import ad, batching, mlir  # noqa: F401  (re-exported
 from jax.extend.core import Primitive  # noqa: F401  (re-exported)
 
 NamedAxisEffect = _core.NamedAxisEffect
-is_undefined_primal = ad.is_undefined_primal
 Zero = ad.Zero
 
 
