@@ -4,8 +4,8 @@ Usage: python tests/multiprocess_worker.py MODE PROCESS_ID NUM_PROCESSES PORT LO
 
 MODE "check": every collective and algorithm with the native executor (TCP
 between processes, InProcess within one), the XLA executor and lax on odd
-shapes; native must equal XLA bit for bit and lax up to reassociation. Then a
-2-D mesh inside a scan, back-to-back executions, and processes that plan
+shapes; native must equal XLA bit for bit and lax up to reassociation. Then
+buffers large enough for pipelined (chunked) schedules, a 2-D mesh inside a scan, back-to-back executions, and processes that plan
 different schedules (a clear error). Prints "OK".
 MODE "kill": after one native all_reduce the last process exits; the others
 run another and print "FAILED after <s> s: <error>".
@@ -92,6 +92,33 @@ def check_every_collective(mesh):
       np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-3, err_msg=name)
 
 
+def check_pipelined(mesh):
+  """Buffers large enough for chunked schedules: over TCP the runner overlaps their steps.
+
+  4 MiB per rank gives 8 chunks on 8 ranks (``jaxcc.schedules.planner.choose_chunks``); the
+  results must still equal the XLA executor's, which runs the one-chunk schedule step by step.
+  """
+  topology = jaxcc.Topology.uniform(P_ALL, 1e10).with_straggler(P_ALL - 1, 0.4)
+  host = np.random.default_rng(2).normal(size=(P_ALL * (1 << 20),)).astype(np.float32)
+  named = [(f"all_reduce/{a}", lambda b, e, a=a: jaxcc.all_reduce(
+      b, "x", algorithm=a, executor=e, topology=topology)) for a in ALL_REDUCE]
+  named += [("reduce_scatter/ring", lambda b, e: jaxcc.reduce_scatter(b, "x", executor=e,
+                                                                      algorithm="ring")),
+            ("all_gather/ring", lambda b, e: jaxcc.all_gather(b[:1 << 17], "x", executor=e,
+                                                              algorithm="ring")),
+            ("broadcast/ring", lambda b, e: jaxcc.broadcast(b, "x", root=ROOT, executor=e,
+                                                            algorithm="ring"))]
+  x = put(mesh, host, P("x"))
+  for name, fn in named:
+    got = {}
+    for executor in ("native", "xla"):
+      f = jax.jit(jax.shard_map(lambda b: fn(b, executor), mesh=mesh, in_specs=P("x"),
+                                out_specs=P("x"), check_vma=False))
+      got[executor] = shards(f(x))
+    assert all(got["native"][k].tobytes() == got["xla"][k].tobytes() for k in got["native"]), (
+        f"pipelined {name}: native != xla")
+
+
 def check_2d_mesh_in_scan(shape):
   """all_reduce over both axes of a 2-D mesh, 3 times in a scan.
 
@@ -168,6 +195,7 @@ def main():
   if MODE == "kill":
     kill(mesh)
   check_every_collective(mesh)
+  check_pipelined(mesh)
   check_2d_mesh_in_scan((2, P_ALL // 2))
   check_2d_mesh_in_scan((P_ALL // 2, LDEV))
   check_back_to_back(mesh)

@@ -9,9 +9,11 @@ executor's bit for bit. The buffer is updated in place (the result aliases
 the operand).
 
 Transports: InProcess when every rank of the group lives in this process
-(the devices read each other's buffers directly), Tcp when they span the
-processes of a jax.distributed job (``process_map`` tells the handler which
-process holds each rank; ``tcp_bootstrap`` connects the processes). On the
+(the devices read each other's buffers directly; steps run one after
+another), Tcp when they span the processes of a jax.distributed job
+(``process_map`` tells the handler which process holds each rank;
+``tcp_bootstrap`` connects the processes; steps overlap as the data allows, so
+a chunked schedule runs as a pipeline, and pieces may travel encoded). On the
 GPU, Nccl (``run_schedule_cuda``): one NCCL communicator per axis instance
 and device, made by ``nccl_bootstrap`` at lowering. Op ids
 count call sites in lowering order, so every process must lower the same
@@ -33,13 +35,15 @@ from jaxcc.schedules.ir import DST, SRC, Schedule
 from jaxcc.topology import Topology
 
 _op_ids = itertools.count(1)
+# The codec ids of xla_ffi/include/jaxcc/codec.h; 0: raw pieces.
+CODEC_IDS = {None: 0, "fixed": 1, "entropy": 2}
 _NONE = np.zeros((0,), np.int64)  # no process map / no pacing
 _NONE.setflags(write=False)
 
 
 def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
                  group_axes: tuple[tuple[str, int], ...], procs: np.ndarray = _NONE,
-                 topology: Topology | None = None) -> jax.Array:
+                 topology: Topology | None = None, codec: str | None = None) -> jax.Array:
   """Run ``schedule`` on this rank's flat ``buf`` in one FFI call (inside shard_map).
 
   Args:
@@ -50,6 +54,9 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
     procs: ``process_map``'s answer; empty when one process holds every rank.
     topology: the network the schedule was planned on; sets the pacing of the
       TCP connections (``pacing_rates``).
+    codec: None, "fixed" or "entropy": the encoding of every piece on the TCP
+      connections (each moves at its encoded size); ranks of one process
+      exchange raw memory.
   """
   _check_buffer(buf, schedule)
   if not len(schedule.table):
@@ -58,7 +65,8 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
     tcp_bootstrap.ensure_started()
   pacing = pacing_rates(schedule, topology) if len(procs) and topology is not None else _NONE
   return _collective_call(buf, schedule, axis_name, group_axes,
-                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing)
+                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing,
+                          codec=np.int64(CODEC_IDS[codec]))
 
 
 def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "codec_host.h"
 #include "jaxcc/codec.h"
 #include "jaxcc/codec_ffi.h"
 #include "jaxcc/reduce.h"
@@ -866,28 +867,11 @@ bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, F
 template <CodecId C>
 ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::BufferR0<ffi::S32>> nbytes) {
-  const std::string name = Name(C, true);
   DTypeId d;
   ffi::Error err = CheckEncodeArgs(C, x, payload->element_count(), &d);
   if (!err.success()) return err;
-  const uint64_t n = x.element_count();
-  uint8_t* out = payload->typed_data();
-  const void* src = x.untyped_data();
-  uint64_t size = 0;
-  if constexpr (C == kFixed) {
-    switch (d) {
-      case kBF16: size = FixedEncode<kBF16>(static_cast<const uint16_t*>(src), n, out); break;
-      case kF16: size = FixedEncode<kF16>(static_cast<const uint16_t*>(src), n, out); break;
-      case kF32: size = FixedEncode<kF32>(static_cast<const uint32_t*>(src), n, out); break;
-    }
-  } else {
-    switch (d) {
-      case kBF16: size = EntropyEncode<kBF16>(static_cast<const uint16_t*>(src), n, out); break;
-      case kF16: size = EntropyEncode<kF16>(static_cast<const uint16_t*>(src), n, out); break;
-      case kF32: size = EntropyEncode<kF32>(static_cast<const uint32_t*>(src), n, out); break;
-    }
-  }
-  FinishHeader(out, C, d, C == kFixed ? kFixedBlockLog2 : kEntropyBlockLog2, n, size);
+  const uint64_t size =
+      EncodeOnHost(C, d, x.untyped_data(), x.element_count(), payload->typed_data());
   *nbytes->typed_data() = static_cast<int32_t>(size);
   return ffi::Error::Success();
 }
@@ -899,36 +883,61 @@ ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::BufferR0<ffi::S32> nbyt
   DTypeId d;
   ffi::Error err = CheckDType(name, y->element_type(), &d);
   if (!err.success()) return err;
-  const uint64_t n = y->element_count();
   const int32_t claimed = *nbytes.typed_data();
-  Failure f;
-  const uint8_t* in = payload.typed_data();
-  if (claimed < 0) {
-    f.what = "size mismatch: nbytes is negative";
-  } else if (CheckEncoding(in, payload.element_count(), static_cast<uint64_t>(claimed), C, d,
-                           C == kFixed ? kFixedBlockLog2 : kEntropyBlockLog2, n, &f)) {
-    void* dst = y->untyped_data();
-    const uint64_t size = static_cast<uint64_t>(claimed);
-    bool ok = false;
-    if constexpr (C == kFixed) {
-      switch (d) {
-        case kBF16: ok = FixedDecode<kBF16>(in, size, n, static_cast<uint16_t*>(dst), &f); break;
-        case kF16: ok = FixedDecode<kF16>(in, size, n, static_cast<uint16_t*>(dst), &f); break;
-        case kF32: ok = FixedDecode<kF32>(in, size, n, static_cast<uint32_t*>(dst), &f); break;
-      }
-    } else {
-      switch (d) {
-        case kBF16: ok = EntropyDecode<kBF16>(in, size, n, static_cast<uint16_t*>(dst), &f); break;
-        case kF16: ok = EntropyDecode<kF16>(in, size, n, static_cast<uint16_t*>(dst), &f); break;
-        case kF32: ok = EntropyDecode<kF32>(in, size, n, static_cast<uint32_t*>(dst), &f); break;
-      }
-    }
-    if (ok) return ffi::Error::Success();
-  }
-  return ffi::Error::InvalidArgument(name + ": cannot decode: " + f.what);
+  const std::string failure =
+      claimed < 0 ? "size mismatch: nbytes is negative"
+                  : DecodeOnHost(C, d, payload.typed_data(), payload.element_count(),
+                                 static_cast<uint64_t>(claimed), y->element_count(),
+                                 y->untyped_data());
+  if (failure.empty()) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(name + ": cannot decode: " + failure);
 }
 
 }  // namespace
+
+uint64_t EncodeOnHost(CodecId c, DTypeId d, const void* x, uint64_t n, uint8_t* out) {
+  uint64_t size = 0;
+  if (c == kFixed) {
+    switch (d) {
+      case kBF16: size = FixedEncode<kBF16>(static_cast<const uint16_t*>(x), n, out); break;
+      case kF16: size = FixedEncode<kF16>(static_cast<const uint16_t*>(x), n, out); break;
+      case kF32: size = FixedEncode<kF32>(static_cast<const uint32_t*>(x), n, out); break;
+    }
+  } else {
+    switch (d) {
+      case kBF16: size = EntropyEncode<kBF16>(static_cast<const uint16_t*>(x), n, out); break;
+      case kF16: size = EntropyEncode<kF16>(static_cast<const uint16_t*>(x), n, out); break;
+      case kF32: size = EntropyEncode<kF32>(static_cast<const uint32_t*>(x), n, out); break;
+    }
+  }
+  FinishHeader(out, c, d, c == kFixed ? kFixedBlockLog2 : kEntropyBlockLog2, n, size);
+  return size;
+}
+
+std::string DecodeOnHost(CodecId c, DTypeId d, const uint8_t* in, uint64_t buffer_bytes,
+                         uint64_t nbytes, uint64_t n, void* y) {
+  Failure f;
+  if (!CheckEncoding(in, buffer_bytes, nbytes, c, d,
+                     c == kFixed ? kFixedBlockLog2 : kEntropyBlockLog2, n, &f)) {
+    return f.what;
+  }
+  bool ok = false;
+  if (c == kFixed) {
+    switch (d) {
+      case kBF16: ok = FixedDecode<kBF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f); break;
+      case kF16: ok = FixedDecode<kF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f); break;
+      case kF32: ok = FixedDecode<kF32>(in, nbytes, n, static_cast<uint32_t*>(y), &f); break;
+    }
+  } else {
+    switch (d) {
+      case kBF16: ok = EntropyDecode<kBF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f); break;
+      case kF16: ok = EntropyDecode<kF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f); break;
+      case kF32: ok = EntropyDecode<kF32>(in, nbytes, n, static_cast<uint32_t*>(y), &f); break;
+    }
+  }
+  return ok ? "" : f.what;
+}
+
 }  // namespace codec
 }  // namespace jaxcc
 

@@ -1,7 +1,8 @@
 // jaxcc_collective on the CPU: one custom call runs one whole collective by
-// walking its Schedule (jaxcc/transport.h: RunSchedule) over a transport, with
-// jaxcc_reduce's kernel for the sums: InProcess when every rank of the group
-// lives in this process, Tcp when they span processes (`procs`).
+// walking its Schedule over a transport, with jaxcc_reduce's kernel for the
+// sums: InProcess (steps one after another, jaxcc/transport.h: RunSchedule)
+// when every rank of the group lives in this process, Tcp (steps overlapped,
+// jaxcc/dataflow.h: RunDataflow) when they span processes (`procs`).
 //
 // Operands: the rank's flat buffer (aliased with the result, so the schedule
 // runs in place), its rank and group (int32 scalars from lax.axis_index), and
@@ -9,7 +10,9 @@
 // produces the next, so they run in program order on every device.
 // Attributes `procs` (groups x nranks: the process of each rank of each group;
 // empty with one process) and `pacing` (nranks x nranks bytes/s per ordered
-// rank pair; empty: unpaced) are for the Tcp transport.
+// rank pair; empty: unpaced) and `codec` (0: raw pieces, else the codec id of
+// jaxcc/codec.h every piece travels in) are for the Tcp transport; devices of
+// one process read each other's memory, so InProcess never encodes.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -17,7 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "codec_host.h"
 #include "inprocess.h"
+#include "jaxcc/codec_ffi.h"
+#include "jaxcc/dataflow.h"
 #include "jaxcc/reduce.h"
 #include "jaxcc/schedule.h"
 #include "jaxcc/transport.h"
@@ -47,17 +53,34 @@ class HostKernels final : public Kernels {
   ffi::DataType dtype_;
 };
 
+class HostPieceCodec final : public PieceCodec {
+ public:
+  HostPieceCodec(codec::CodecId codec, codec::DTypeId dtype) : codec_(codec), dtype_(dtype) {}
+  uint64_t MaxBytes(size_t n) const override { return codec::MaxBytes(codec_, dtype_, n); }
+  std::string Encode(const char* src, size_t n, char* out, uint64_t* bytes) override {
+    *bytes = codec::EncodeOnHost(codec_, dtype_, src, n, reinterpret_cast<uint8_t*>(out));
+    return "";
+  }
+  std::string Decode(const char* in, uint64_t bytes, char* out, size_t n) override {
+    return codec::DecodeOnHost(codec_, dtype_, reinterpret_cast<const uint8_t*>(in), bytes, bytes,
+                               n, out);
+  }
+
+ private:
+  codec::CodecId codec_;
+  codec::DTypeId dtype_;
+};
+
 std::chrono::seconds TimeoutFromEnv() {
   const char* env = std::getenv("JAXCC_TIMEOUT_S");
   long seconds = env ? std::strtol(env, nullptr, 10) : 0;
   return std::chrono::seconds(seconds > 0 ? seconds : 300);
 }
 
-// Runs the plan unless joining failed (`err`); a failure is told to the peers.
-template <typename T>
-std::string RunOn(std::string err, T* transport, const std::vector<RankStep>& plan,
-                  Kernels& kernels, char* buf, size_t itemsize) {
-  if (err.empty()) err = RunSchedule(plan, *transport, kernels, buf, itemsize);
+// Runs `run` unless joining failed (`err`); a failure is told to the peers.
+template <typename T, typename F>
+std::string RunOn(std::string err, T* transport, F run) {
+  if (err.empty()) err = run(*transport);
   if (!err.empty() && transport) transport->Fail(err);
   return err;
 }
@@ -77,7 +100,8 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::
                           ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::S32>> order_out,
                           ffi::Span<const int64_t> table, int64_t num_steps, int64_t nranks,
                           int64_t op_id, int64_t digest, std::string_view name,
-                          ffi::Span<const int64_t> procs, ffi::Span<const int64_t> pacing) {
+                          ffi::Span<const int64_t> procs, ffi::Span<const int64_t> pacing,
+                          int64_t codec_id) {
   const std::string what = "jaxcc " + std::string(name) + " (op " + std::to_string(op_id) + ")";
   const int rank = rank_buf.typed_data()[0];
   const int64_t group = group_buf.typed_data()[0];
@@ -98,6 +122,17 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::
   if (err.empty() && pacing.size() != 0 && pacing.size() != static_cast<size_t>(nranks * nranks)) {
     err = "pacing has " + std::to_string(pacing.size()) + " rates, not one per rank pair";
   }
+  std::unique_ptr<HostPieceCodec> codec;
+  if (err.empty() && codec_id != 0) {
+    codec::DTypeId d;
+    ffi::Error bad = codec::CheckDType(what, x.element_type(), &d);
+    if (!bad.success()) return bad;
+    if (codec_id != codec::kFixed && codec_id != codec::kEntropy) {
+      err = "unknown codec id " + std::to_string(codec_id);
+    } else {
+      codec.reset(new HostPieceCodec(static_cast<codec::CodecId>(codec_id), d));
+    }
+  }
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
 
   const std::chrono::seconds timeout = TimeoutFromEnv();
@@ -109,14 +144,17 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::
     std::unique_ptr<InProcessTransport> transport;
     err = InProcessTransport::Join(key, static_cast<int>(nranks), rank, buf, digest, timeout,
                                    what, &transport);
-    err = RunOn(err, transport.get(), plan, kernels, buf, itemsize);
+    err = RunOn(err, transport.get(), [&](InProcessTransport& t) {
+      return RunSchedule(plan, t, kernels, buf, itemsize);
+    });
   } else {
     std::unique_ptr<TcpTransport> transport;
     err = TcpTransport::Create({op_id, TcpTransport::NextInstance(op_id, group, rank), group},
                                static_cast<int>(nranks), rank, procs.begin() + group * nranks,
-                               pacing.size() ? pacing.begin() : nullptr, digest, buf, itemsize,
-                               timeout, &transport);
-    err = RunOn(err, transport.get(), plan, kernels, buf, itemsize);
+                               pacing.size() ? pacing.begin() : nullptr, digest, &transport);
+    err = RunOn(err, transport.get(), [&](TcpTransport& t) {
+      return RunDataflow(plan, length, t, kernels, codec.get(), buf, itemsize, timeout);
+    });
   }
   if (!err.empty()) {
     return ffi::Error::Internal(what + ", rank " + std::to_string(rank) + ": " + err);
@@ -143,4 +181,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccCollective, jaxcc::CollectiveImpl,
                                   .Attr<int64_t>("digest")
                                   .Attr<std::string_view>("name")
                                   .Attr<ffi::Span<const int64_t>>("procs")    // rank -> process
-                                  .Attr<ffi::Span<const int64_t>>("pacing"));  // bytes/s per pair
+                                  .Attr<ffi::Span<const int64_t>>("pacing")   // bytes/s per pair
+                                  .Attr<int64_t>("codec"));  // 0: raw, else codec id

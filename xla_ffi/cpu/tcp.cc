@@ -88,7 +88,7 @@ struct SendItem {
   uint64_t done = 0;                // bytes of header and payload written
   std::unique_ptr<char[]> owned;    // the payload, once it no longer lives in a caller's buffer
   const void* owner = nullptr;      // the transport whose buffer holds the payload
-  int64_t* pending = nullptr;       // its count of unwritten pieces to the receiver
+  int64_t* written = nullptr;       // its count of pieces to the receiver that left the buffer
 };
 
 struct Conn {
@@ -110,6 +110,9 @@ std::string Errno(int err) { return std::strerror(err); }
 bool SameReceiver(const MsgKey& a, const MsgKey& b) {
   return a.op_id == b.op_id && a.instance == b.instance && a.group == b.group && a.dst == b.dst;
 }
+
+// A receiver: a rank in one call.
+using ReceiverKey = std::tuple<int64_t, int64_t, int64_t, int32_t>;  // op, instance, group, dst
 
 }  // namespace
 
@@ -138,12 +141,21 @@ class TcpEngine {
   // Detaches the items `owner` queued from its buffer (mu held via `lock`).
   void Detach(const void* owner, std::unique_lock<std::mutex>& lock);
   void SetPacing(int q, uint64_t rate);  // mu held
+  // Stages a message and tells its receiver (mu held).
+  void Stage(const MsgKey& key, Staged staged);
+  // Moves the event counter and wakes every waiter (mu held).
+  void Notify() {
+    ++events;
+    cv.notify_all();
+  }
 
   const int process;
   std::mutex mu;
   std::condition_variable cv;
+  uint64_t events = 0;
   std::vector<Conn> conns;
   std::map<MsgKey, Staged> mailbox;
+  std::map<ReceiverKey, std::vector<Arrival>> arrivals;  // staged, not yet seen by the receiver
   std::map<CallKey, std::string> aborts;
   std::map<std::tuple<int64_t, int64_t, int>, int64_t> instances;
 
@@ -198,7 +210,7 @@ void TcpEngine::Lose(int q, const std::string& why) {
   if (c.fd >= 0) close(c.fd);
   c.fd = -1;
   c.queue.clear();
-  cv.notify_all();
+  Notify();
 }
 
 void TcpEngine::PostAbort(int q, const CallKey& call, int src, const std::string& text) {
@@ -235,7 +247,7 @@ void TcpEngine::Detach(const void* owner, std::unique_lock<std::mutex>& lock) {
         std::memcpy(item.owned.get(), item.payload, item.header.length);
         item.payload = item.owned.get();
         item.owner = nullptr;
-        item.pending = nullptr;
+        item.written = nullptr;
         ++it;
       }
     }
@@ -338,12 +350,17 @@ void TcpEngine::Deliver(int q) {
     while (aborts.size() > kAbortsKept) aborts.erase(aborts.begin());
     Release(std::move(c.incoming));
   } else {
-    const MsgKey key{h.op_id, h.instance, h.group, h.dst, h.step, h.src};
-    Staged& slot = mailbox[key];
-    Release(std::move(slot.buffer));  // a duplicate replaces the first (never sent twice)
-    slot = Staged{std::move(c.incoming), h.length, h.digest};
+    Stage({h.op_id, h.instance, h.group, h.dst, h.step, h.src},
+          Staged{std::move(c.incoming), h.length, h.digest});
   }
-  cv.notify_all();
+  Notify();
+}
+
+void TcpEngine::Stage(const MsgKey& key, Staged staged) {
+  Staged& slot = mailbox[key];
+  Release(std::move(slot.buffer));  // a duplicate replaces the first (the runner fails on it)
+  slot = std::move(staged);
+  arrivals[{key.op_id, key.instance, key.group, key.dst}].push_back({key.step, key.src});
 }
 
 void TcpEngine::Write(int q) {
@@ -382,9 +399,9 @@ void TcpEngine::Write(int q) {
     item->done += static_cast<uint64_t>(n);
     budget -= std::min<size_t>(budget, static_cast<size_t>(n));
     if (item->done == total) {
-      if (item->pending) --*item->pending;
+      if (item->written) ++*item->written;
       c.queue.pop_front();
-      cv.notify_all();
+      Notify();
     }
   }
 }
@@ -427,8 +444,7 @@ int64_t TcpTransport::NextInstance(int64_t op_id, int64_t group, int rank) {
 }
 
 std::string TcpTransport::Create(const Call& call, int p, int rank, const int64_t* procs,
-                                 const int64_t* pacing, int64_t digest, char* buf,
-                                 size_t itemsize, std::chrono::seconds timeout,
+                                 const int64_t* pacing, int64_t digest,
                                  std::unique_ptr<TcpTransport>* out) {
   TcpEngine* e = g_engine.load();
   if (!e) {
@@ -442,7 +458,7 @@ std::string TcpTransport::Create(const Call& call, int p, int rank, const int64_
              ", outside [0, " + std::to_string(nproc) + ")";
     }
   }
-  out->reset(new TcpTransport(e, call, p, rank, procs, digest, buf, itemsize, timeout));
+  out->reset(new TcpTransport(e, call, p, rank, procs, digest));
   // The pacing of each connection: the sum over the rank pairs it carries.
   std::vector<uint64_t> rate(nproc, 0);
   for (int src = 0; pacing && src < p; ++src) {
@@ -461,10 +477,9 @@ std::string TcpTransport::Create(const Call& call, int p, int rank, const int64_
 }
 
 TcpTransport::TcpTransport(TcpEngine* engine, const Call& call, int p, int rank,
-                           const int64_t* procs, int64_t digest, char* buf, size_t itemsize,
-                           std::chrono::seconds timeout)
-    : e_(engine), call_(call), rank_(rank), procs_(procs, procs + p), digest_(digest), buf_(buf),
-      itemsize_(itemsize), timeout_(timeout), pending_(p, 0) {}
+                           const int64_t* procs, int64_t digest)
+    : e_(engine), call_(call), rank_(rank), procs_(procs, procs + p), digest_(digest),
+      written_(p, 0) {}
 
 TcpTransport::~TcpTransport() {
   std::unique_lock<std::mutex> lock(e_->mu);
@@ -476,6 +491,7 @@ TcpTransport::~TcpTransport() {
     e_->Release(std::move(it->second.buffer));
     it = e_->mailbox.erase(it);
   }
+  e_->arrivals.erase({call_.op_id, call_.instance, call_.group, rank_});
 }
 
 std::string TcpTransport::Peer(int rank) const {
@@ -491,139 +507,106 @@ void TcpTransport::Fail(const std::string& error) {
   for (int q : procs_) {
     if (q != e_->process && told.insert(q).second) e_->PostAbort(q, call, rank_, text);
   }
-  e_->cv.notify_all();
+  e_->Notify();
   e_->Wake();
 }
 
-std::string TcpTransport::Publish(int64_t step, const RankStep& plan) {
-  struct Local {
-    MsgKey key;
-    Staged staged;
-    const char* from;
-  };
-  std::vector<Local> local;
-  {
-    std::lock_guard<std::mutex> lock(e_->mu);
-    auto abort = e_->aborts.find({call_.op_id, call_.instance, call_.group});
-    if (abort != e_->aborts.end()) return abort->second;
-    for (const Piece& out : plan.sends) {
-      const uint64_t bytes = static_cast<uint64_t>(out.length) * itemsize_;
-      const char* from = buf_ + out.src_start * itemsize_;
-      const int q = procs_[out.peer];
-      if (q == e_->process) {
-        local.push_back({MsgKey{call_.op_id, call_.instance, call_.group, out.peer, step, rank_},
-                         Staged{e_->Allocate(bytes), bytes, digest_}, from});
-        if (!local.back().staged.buffer.data) {
-          return "out of memory staging " + std::to_string(bytes) + " bytes for " + Peer(out.peer);
-        }
-        continue;
+std::string TcpTransport::Post(int64_t step, int peer, const char* data, uint64_t bytes,
+                               std::unique_ptr<char[]> owned) {
+  const MsgKey key{call_.op_id, call_.instance, call_.group, peer, step, rank_};
+  const int q = procs_[peer];
+  std::unique_lock<std::mutex> lock(e_->mu);
+  auto abort = e_->aborts.find({call_.op_id, call_.instance, call_.group});
+  if (abort != e_->aborts.end()) return abort->second;
+  if (q == e_->process) {  // a rank of this process: staged at once
+    Staged staged{Staging{}, bytes, digest_};
+    if (owned) {
+      staged.buffer.data = std::move(owned);
+      staged.buffer.capacity = bytes;
+    } else {
+      staged.buffer = e_->Allocate(bytes);
+      if (!staged.buffer.data) {
+        return "out of memory staging " + std::to_string(bytes) + " bytes for " + Peer(peer);
       }
-      Conn& c = e_->conns[q];
-      if (!c.error.empty()) return "cannot send to " + Peer(out.peer) + ": " + c.error;
-      auto item = std::make_unique<SendItem>();
-      item->header = {kMagic, kData, call_.op_id, call_.instance, call_.group, step,
-                      rank_, out.peer, digest_, bytes};
-      item->payload = from;
-      item->owner = this;
-      item->pending = &pending_[out.peer];
-      ++pending_[out.peer];
-      c.queue.push_back(std::move(item));
+      lock.unlock();
+      std::memcpy(staged.buffer.data.get(), data, bytes);
+      lock.lock();
+      ++written_[peer];
     }
+    e_->Stage(key, std::move(staged));
+    e_->Notify();
+    return "";
   }
+  Conn& c = e_->conns[q];
+  if (!c.error.empty()) return "cannot send to " + Peer(peer) + ": " + c.error;
+  auto item = std::make_unique<SendItem>();
+  item->header = {kMagic, kData, call_.op_id, call_.instance, call_.group, step,
+                  rank_, peer, digest_, bytes};
+  item->payload = data;
+  if (owned) {
+    item->owned = std::move(owned);
+  } else {
+    item->owner = this;
+    item->written = &written_[peer];
+  }
+  c.queue.push_back(std::move(item));
   e_->Wake();
-  if (local.empty()) return "";
-  for (Local& l : local) std::memcpy(l.staged.buffer.data.get(), l.from, l.staged.length);
-  std::lock_guard<std::mutex> lock(e_->mu);
-  for (Local& l : local) {
-    Staged& slot = e_->mailbox[l.key];
-    e_->Release(std::move(slot.buffer));
-    slot = std::move(l.staged);
-  }
-  e_->cv.notify_all();
   return "";
 }
 
-std::string TcpTransport::Receive(int64_t step, const Piece& piece, size_t itemsize,
-                                  const char** view) {
-  const int src = piece.peer;
-  const MsgKey key{call_.op_id, call_.instance, call_.group, rank_, step, src};
-  const MsgKey first{call_.op_id, call_.instance, call_.group, rank_, INT64_MIN, INT32_MIN};
-  const uint64_t bytes = static_cast<uint64_t>(piece.length) * itemsize;
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  std::unique_lock<std::mutex> lock(e_->mu);
-  for (bool last = false;; last = std::chrono::steady_clock::now() >= deadline) {
-    // Any piece of this call from a rank that planned another schedule fails it.
-    for (auto it = e_->mailbox.lower_bound(first);
-         it != e_->mailbox.end() && SameReceiver(it->first, first); ++it) {
-      if (it->second.digest != digest_) {
-        return Peer(it->first.src) + " planned a different schedule than " + Peer(rank_) +
+std::string TcpTransport::Sync(std::vector<Arrival>* arrived, std::vector<int64_t>* written,
+                               uint64_t* events) {
+  std::lock_guard<std::mutex> lock(e_->mu);
+  auto abort = e_->aborts.find({call_.op_id, call_.instance, call_.group});
+  if (abort != e_->aborts.end()) return abort->second;
+  auto mine = e_->arrivals.find({call_.op_id, call_.instance, call_.group, rank_});
+  if (mine != e_->arrivals.end()) {
+    for (const Arrival& a : mine->second) {
+      // A piece from a rank that planned another schedule fails the call.
+      auto it = e_->mailbox.find({call_.op_id, call_.instance, call_.group, rank_, a.step, a.src});
+      if (it != e_->mailbox.end() && it->second.digest != digest_) {
+        return Peer(a.src) + " planned a different schedule than " + Peer(rank_) +
                " (digests " + std::to_string(it->second.digest) + " and " +
                std::to_string(digest_) + "): the axis size, topology or arguments differ "
                "between processes; every process must pass the same ones";
       }
     }
-    auto it = e_->mailbox.find(key);
-    if (it != e_->mailbox.end()) {
-      if (it->second.length != bytes) {
-        return Peer(src) + " sent " + std::to_string(it->second.length) + " bytes at step " +
-               std::to_string(step) + ", expected " + std::to_string(bytes);
-      }
-      taken_.emplace_back(step, src);
-      *view = it->second.buffer.data.get();
-      return "";
-    }
-    auto abort = e_->aborts.find({call_.op_id, call_.instance, call_.group});
-    if (abort != e_->aborts.end()) return abort->second;
-    const int q = procs_[src];
-    if (q != e_->process && !e_->conns[q].error.empty()) {
-      return "lost " + Peer(src) + " while waiting for its piece of step " +
-             std::to_string(step) + ": " + e_->conns[q].error;
-    }
-    if (last) {
-      return "timed out after " + std::to_string(timeout_.count()) + " s at step " +
-             std::to_string(step) + " waiting for " + Peer(src) +
-             " to send its piece (JAXCC_TIMEOUT_S sets the limit)";
-    }
-    e_->cv.wait_until(lock, deadline);
+    arrived->insert(arrived->end(), mine->second.begin(), mine->second.end());
+    e_->arrivals.erase(mine);
   }
-}
-
-std::string TcpTransport::ReceivesDone(int64_t) {
-  std::lock_guard<std::mutex> lock(e_->mu);
-  for (const auto& [step, src] : taken_) {
-    auto it = e_->mailbox.find({call_.op_id, call_.instance, call_.group, rank_, step, src});
-    if (it == e_->mailbox.end()) continue;
-    e_->Release(std::move(it->second.buffer));
-    e_->mailbox.erase(it);
-  }
-  taken_.clear();
+  *written = written_;
+  *events = e_->events;
   return "";
 }
 
-std::string TcpTransport::SendsDone(int64_t step, const RankStep& plan) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  std::unique_lock<std::mutex> lock(e_->mu);
-  for (bool last = false;; last = std::chrono::steady_clock::now() >= deadline) {
-    int waiting = -1;
-    for (const Piece& out : plan.sends) {
-      if (pending_[out.peer] == 0) continue;
-      waiting = out.peer;
-      const Conn& c = e_->conns[procs_[out.peer]];
-      if (!c.error.empty()) {
-        return "lost " + Peer(out.peer) + " while sending it the piece of step " +
-               std::to_string(step) + ": " + c.error;
-      }
-    }
-    if (waiting < 0) return "";
-    auto abort = e_->aborts.find({call_.op_id, call_.instance, call_.group});
-    if (abort != e_->aborts.end()) return abort->second;
-    if (last) {
-      return "timed out after " + std::to_string(timeout_.count()) + " s at step " +
-             std::to_string(step) + " sending to " + Peer(waiting) +
-             ", which does not take its piece (JAXCC_TIMEOUT_S sets the limit)";
-    }
-    e_->cv.wait_until(lock, deadline);
+std::string TcpTransport::View(int64_t step, int src, const char** data, uint64_t* bytes) {
+  std::lock_guard<std::mutex> lock(e_->mu);
+  auto it = e_->mailbox.find({call_.op_id, call_.instance, call_.group, rank_, step, src});
+  if (it == e_->mailbox.end()) {
+    return "the piece of " + Peer(src) + " at step " + std::to_string(step) + " is gone";
   }
+  *data = it->second.buffer.data.get();
+  *bytes = it->second.length;
+  return "";
+}
+
+void TcpTransport::Release(int64_t step, int src) {
+  std::lock_guard<std::mutex> lock(e_->mu);
+  auto it = e_->mailbox.find({call_.op_id, call_.instance, call_.group, rank_, step, src});
+  if (it == e_->mailbox.end()) return;
+  e_->Release(std::move(it->second.buffer));
+  e_->mailbox.erase(it);
+}
+
+void TcpTransport::Wait(uint64_t events, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(e_->mu);
+  e_->cv.wait_until(lock, deadline, [&] { return e_->events != events; });
+}
+
+std::string TcpTransport::Lost(int rank) {
+  std::lock_guard<std::mutex> lock(e_->mu);
+  const int q = procs_[rank];
+  return q == e_->process ? "" : e_->conns[q].error;
 }
 
 }  // namespace jaxcc

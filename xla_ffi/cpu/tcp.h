@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "jaxcc/transport.h"
+#include "jaxcc/dataflow.h"
 
 namespace jaxcc {
 
@@ -40,7 +40,7 @@ std::string TcpStart(int process, const std::vector<int>& fds);
 // This process' index once TcpStart ran, else -1.
 int TcpProcess();
 
-class TcpTransport final : public Transport {
+class TcpTransport final : public AsyncTransport {
  public:
   struct Call {
     int64_t op_id, instance, group;
@@ -50,36 +50,35 @@ class TcpTransport final : public Transport {
   // rank r; pacing (p * p bytes/s per ordered rank pair, 0: none) may be null
   // (unpaced).
   static std::string Create(const Call& call, int p, int rank, const int64_t* procs,
-                            const int64_t* pacing, int64_t digest, char* buf, size_t itemsize,
-                            std::chrono::seconds timeout, std::unique_ptr<TcpTransport>* out);
+                            const int64_t* pacing, int64_t digest,
+                            std::unique_ptr<TcpTransport>* out);
   // The next instance number of (op id, group) for `rank`, over the process'
   // lifetime (every process runs the same executions in the same order).
   static int64_t NextInstance(int64_t op_id, int64_t group, int rank);
   ~TcpTransport() override;
 
-  std::string Publish(int64_t step, const RankStep& plan) override;
-  std::string Receive(int64_t step, const Piece& piece, size_t itemsize,
-                      const char** view) override;
-  std::string ReceivesDone(int64_t step) override;
-  std::string SendsDone(int64_t step, const RankStep& plan) override;
+  std::string Post(int64_t step, int peer, const char* data, uint64_t bytes,
+                   std::unique_ptr<char[]> owned) override;
+  std::string Sync(std::vector<Arrival>* arrived, std::vector<int64_t>* written,
+                   uint64_t* events) override;
+  std::string View(int64_t step, int src, const char** data, uint64_t* bytes) override;
+  void Release(int64_t step, int src) override;
+  void Wait(uint64_t events, std::chrono::steady_clock::time_point deadline) override;
+  std::string Lost(int rank) override;
+  std::string Peer(int rank) const override;  // "rank r (process q)"
   // Fails the call on this process' other ranks and on the other processes.
   void Fail(const std::string& error);
 
  private:
   TcpTransport(TcpEngine* engine, const Call& call, int p, int rank, const int64_t* procs,
-               int64_t digest, char* buf, size_t itemsize, std::chrono::seconds timeout);
-  std::string Peer(int rank) const;  // "rank r (process q)"
+               int64_t digest);
 
   TcpEngine* e_;
   Call call_;
   int rank_;
   std::vector<int> procs_;
   int64_t digest_;
-  char* buf_;
-  size_t itemsize_;
-  std::chrono::seconds timeout_;
-  std::vector<int64_t> pending_;                // per peer rank: pieces posted, not yet written
-  std::vector<std::pair<int64_t, int>> taken_;  // (step, src) of the staged pieces in use
+  std::vector<int64_t> written_;  // per peer rank: unowned pieces that left the buffer
 };
 
 }  // namespace jaxcc

@@ -1,0 +1,348 @@
+// The dataflow runner: a schedule interpreter for push transports (Tcp) that
+// lets steps overlap as far as the data allows, so a schedule cut into K
+// chunks runs as a pipeline: chunk c+1's pieces cross the network while
+// chunk c's are summed. Platform neutral.
+//
+// A rank's work is a list of units in program order: each send, each copy it
+// receives, and each step's reduce (every piece summed into one range). A
+// unit waits only for what the IR's semantics (jaxcc/schedules/ir.py) make it
+// wait for:
+//   send   after the earlier units that write the range it reads (its value
+//          must be the one after the sender's previous step);
+//   apply  after the earlier units that write its range (write after write;
+//          a reduce also reads it) and after the sends of this or an earlier
+//          step that read it have left the buffer (write after read);
+// and an apply also waits for its pieces to arrive. Ready sends go out in
+// step order, so the transport's queues keep the schedule's port priorities.
+// The result equals running the steps one after another, bit for bit (the
+// same kernels sum the same inputs in the same order).
+//
+// With a PieceCodec each piece travels encoded: a send encodes its range into
+// a buffer the transport owns (so it frees its range at once), a copy decodes
+// into place, a reduce decodes its pieces next to each other and sums them
+// with its own range in one kernel call. Sizes on the wire are the
+// encodings' real sizes.
+//
+// Every wait ends within the timeout with an error that names the peer and
+// the step.
+#ifndef JAXCC_DATAFLOW_H_
+#define JAXCC_DATAFLOW_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <queue>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "jaxcc/schedule.h"
+#include "jaxcc/transport.h"
+
+namespace jaxcc {
+
+// A piece that reached this rank: its step and sender.
+struct Arrival {
+  int64_t step;
+  int src;
+};
+
+// A push transport whose pieces may be in flight across steps.
+class AsyncTransport {
+ public:
+  virtual ~AsyncTransport() = default;
+  // Queues the `bytes` at `data` for `peer` as its piece of `step`. With
+  // `owned` (which holds `data`) the transport keeps the bytes; else `data`
+  // is in the rank's buffer and is read until Sync counts the piece written.
+  virtual std::string Post(int64_t step, int peer, const char* data, uint64_t bytes,
+                           std::unique_ptr<char[]> owned) = 0;
+  // Appends the pieces that arrived since the last call to `arrived`; sets
+  // (*written)[peer] to how many unowned pieces posted to `peer` have left the
+  // buffer (they leave in posting order) and `events` to a counter that moves
+  // whenever a piece arrives or leaves. Fails if the call was aborted or a
+  // peer planned another schedule.
+  virtual std::string Sync(std::vector<Arrival>* arrived, std::vector<int64_t>* written,
+                           uint64_t* events) = 0;
+  // The bytes of an arrived piece, valid until Release.
+  virtual std::string View(int64_t step, int src, const char** data, uint64_t* bytes) = 0;
+  virtual void Release(int64_t step, int src) = 0;
+  // Blocks until the event counter differs from `events` or `deadline` passes.
+  virtual void Wait(uint64_t events, std::chrono::steady_clock::time_point deadline) = 0;
+  // Why `rank` cannot be reached any more; empty while it can.
+  virtual std::string Lost(int rank) = 0;
+  // "rank r (process q)", for messages.
+  virtual std::string Peer(int rank) const = 0;
+};
+
+// How pieces are encoded on the wire.
+class PieceCodec {
+ public:
+  virtual ~PieceCodec() = default;
+  // Bytes that hold the encoding of any n elements.
+  virtual uint64_t MaxBytes(size_t n) const = 0;
+  // Encodes the n elements at src into out (MaxBytes(n) bytes); sets *bytes.
+  virtual std::string Encode(const char* src, size_t n, char* out, uint64_t* bytes) = 0;
+  // Decodes `bytes` bytes at `in` into the n elements at out.
+  virtual std::string Decode(const char* in, uint64_t bytes, char* out, size_t n) = 0;
+};
+
+namespace dataflow {
+
+struct Unit {
+  int64_t step;
+  enum Kind { kSend, kCopy, kReduce } kind;  // a copy or a reduce is an apply
+  std::vector<Piece> pieces;  // one for sends and copies; canonical order for a reduce
+  int unmet = 0;              // units it waits for that are not done
+  int missing = 0;            // pieces not yet arrived (applies)
+  std::vector<int> next;      // units that wait for this one
+};
+
+// For every range of the buffer: the last unit that wrote it and the sends
+// that read it since. Ranges split where pieces begin and end.
+class RangeHistory {
+ public:
+  explicit RangeHistory(int64_t length) : length_(length) {
+    segs_.emplace(0, Seg{length, -1, {}});
+  }
+  // The units that `unit`, reading [lo, hi), waits for; records the read.
+  void Read(int64_t lo, int64_t hi, int unit, std::vector<int>* deps) {
+    for (auto it = Split(lo), end = Split(hi); it != end; ++it) {
+      if (it->second.writer >= 0) deps->push_back(it->second.writer);
+      it->second.readers.push_back(unit);
+    }
+  }
+  // The units that `unit`, writing [lo, hi), waits for; records the write.
+  void Write(int64_t lo, int64_t hi, int unit, std::vector<int>* deps) {
+    for (auto it = Split(lo), end = Split(hi); it != end; ++it) {
+      if (it->second.writer >= 0) deps->push_back(it->second.writer);
+      deps->insert(deps->end(), it->second.readers.begin(), it->second.readers.end());
+      it->second.writer = unit;
+      it->second.readers.clear();
+    }
+  }
+
+ private:
+  struct Seg {
+    int64_t end;
+    int writer;
+    std::vector<int> readers;
+  };
+  using Iter = std::map<int64_t, Seg>::iterator;
+  // The segment that starts at x, splitting the one that contains it.
+  Iter Split(int64_t x) {
+    if (x >= length_) return segs_.end();
+    Iter it = std::prev(segs_.upper_bound(x));
+    if (it->first == x) return it;
+    Seg right{it->second.end, it->second.writer, it->second.readers};
+    it->second.end = x;
+    return segs_.emplace_hint(std::next(it), x, std::move(right));
+  }
+
+  int64_t length_;
+  std::map<int64_t, Seg> segs_;
+};
+
+// This rank's units in program order, with their dependencies.
+inline std::vector<Unit> BuildUnits(const std::vector<RankStep>& plan, int64_t length) {
+  std::vector<Unit> units;
+  RangeHistory history(length);
+  std::vector<int> deps;
+  auto add = [&](Unit unit, int64_t lo, int64_t hi) {
+    const int id = static_cast<int>(units.size());
+    if (unit.kind == Unit::kSend) {
+      history.Read(lo, hi, id, &deps);
+    } else {
+      history.Write(lo, hi, id, &deps);
+    }
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    unit.unmet = static_cast<int>(deps.size());
+    for (int d : deps) units[d].next.push_back(id);
+    deps.clear();
+    units.push_back(std::move(unit));
+  };
+  for (size_t t = 0; t < plan.size(); ++t) {
+    const int64_t s = static_cast<int64_t>(t);
+    for (const Piece& out : plan[t].sends) {
+      add(Unit{s, Unit::kSend, {out}}, out.src_start, out.src_start + out.length);
+    }
+    for (const Piece& in : plan[t].copies) {
+      add(Unit{s, Unit::kCopy, {in}, 0, 1}, in.dst_start, in.dst_start + in.length);
+    }
+    const std::vector<Piece>& red = plan[t].reduces;
+    if (!red.empty()) {
+      add(Unit{s, Unit::kReduce, red, 0, static_cast<int>(red.size())}, red[0].dst_start,
+          red[0].dst_start + red[0].length);
+    }
+  }
+  return units;
+}
+
+}  // namespace dataflow
+
+// Runs `plan` (this rank's steps) on `buf`, `length` elements of `itemsize`
+// bytes, over `transport`; `codec` may be null (raw pieces). Returns an error
+// message, empty on success.
+inline std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length,
+                               AsyncTransport& transport, Kernels& kernels, PieceCodec* codec,
+                               char* buf, size_t itemsize, std::chrono::seconds timeout) {
+  using dataflow::Unit;
+  using Clock = std::chrono::steady_clock;
+  std::vector<Unit> units = dataflow::BuildUnits(plan, length);
+  std::map<std::pair<int64_t, int>, int> apply_of;  // (step, src) -> unit
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].kind == Unit::kSend) continue;
+    for (const Piece& in : units[u].pieces) apply_of[{units[u].step, in.peer}] = static_cast<int>(u);
+  }
+  // Ready units, lowest step first (then program order).
+  std::priority_queue<std::pair<int64_t, int>, std::vector<std::pair<int64_t, int>>,
+                      std::greater<>> ready;
+  std::map<int, std::deque<std::pair<int64_t, int>>> in_flight;  // peer -> (seq, unit)
+  std::vector<int64_t> posted, written;
+  std::set<std::pair<int64_t, int>> arrived_at;  // (step, src) of the pieces that came
+  std::vector<Arrival> arrived;
+  std::vector<std::vector<char>> scratch;        // decoded reduce pieces
+  std::vector<const char*> inputs;
+  size_t done = 0, first_pending = 0;
+  std::vector<char> finished(units.size(), 0);
+
+  auto finish = [&](int u) {
+    finished[u] = 1;
+    ++done;
+    for (int v : units[u].next) {
+      if (--units[v].unmet == 0 && units[v].missing == 0) ready.emplace(units[v].step, v);
+    }
+  };
+  auto where = [&](int64_t step) { return " at step " + std::to_string(step); };
+  auto run = [&](int u) -> std::string {
+    Unit& unit = units[u];
+    if (unit.kind == Unit::kSend) {
+      const Piece& out = unit.pieces[0];
+      const char* from = buf + out.src_start * itemsize;
+      if (!codec) {
+        const size_t peer = static_cast<size_t>(out.peer);
+        if (posted.size() <= peer) posted.resize(peer + 1, 0);
+        in_flight[out.peer].emplace_back(posted[peer]++, u);
+        return transport.Post(unit.step, out.peer, from, out.length * itemsize, nullptr);
+      }
+      std::unique_ptr<char[]> enc(new char[codec->MaxBytes(out.length)]);
+      uint64_t bytes = 0;
+      std::string err = codec->Encode(from, out.length, enc.get(), &bytes);
+      if (err.empty()) err = transport.Post(unit.step, out.peer, enc.get(), bytes, std::move(enc));
+      if (err.empty()) finish(u);
+      return err;
+    }
+    const bool reduce = unit.kind == Unit::kReduce;
+    char* own = buf + unit.pieces[0].dst_start * itemsize;
+    const size_t n = static_cast<size_t>(unit.pieces[0].length);
+    if (reduce) inputs.assign(1, own);
+    if (scratch.size() < unit.pieces.size()) scratch.resize(unit.pieces.size());
+    for (size_t i = 0; i < unit.pieces.size(); ++i) {
+      const Piece& in = unit.pieces[i];
+      const char* data = nullptr;
+      uint64_t bytes = 0;
+      std::string err = transport.View(unit.step, in.peer, &data, &bytes);
+      if (err.empty() && !codec && bytes != n * itemsize) {
+        err = transport.Peer(in.peer) + " sent " + std::to_string(bytes) + " bytes" +
+              where(unit.step) + ", expected " + std::to_string(n * itemsize);
+      }
+      char* dst = own;
+      if (err.empty() && reduce) {
+        if (codec) {
+          scratch[i].resize(n * itemsize);
+          dst = scratch[i].data();
+          inputs.push_back(dst);
+        } else {
+          inputs.push_back(data);
+        }
+      }
+      if (err.empty() && codec) {
+        err = codec->Decode(data, bytes, dst, n);
+        if (!err.empty()) err = "the piece from " + transport.Peer(in.peer) + where(unit.step) +
+                                " does not decode: " + err;
+      } else if (err.empty() && !reduce) {
+        err = kernels.Copy(own, data, n * itemsize);
+      }
+      if (!err.empty()) return err;
+    }
+    std::string err = reduce ? kernels.Reduce(inputs.data(), inputs.size(), own, n) : "";
+    for (const Piece& in : unit.pieces) transport.Release(unit.step, in.peer);
+    if (err.empty()) finish(u);
+    return err;
+  };
+
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].unmet == 0 && units[u].missing == 0) ready.emplace(units[u].step, u);
+  }
+  auto deadline = Clock::now() + timeout;
+  while (done < units.size()) {
+    bool moved = false;
+    while (!ready.empty()) {
+      const int u = ready.top().second;
+      ready.pop();
+      std::string err = run(u);
+      if (!err.empty()) return "step " + std::to_string(units[u].step) + ": " + err;
+      moved = true;
+    }
+    uint64_t events = 0;
+    arrived.clear();
+    std::string err = transport.Sync(&arrived, &written, &events);
+    if (!err.empty()) return err;
+    for (const Arrival& a : arrived) {
+      auto it = apply_of.find({a.step, a.src});
+      if (it == apply_of.end() || !arrived_at.emplace(a.step, a.src).second) {
+        return transport.Peer(a.src) + " sent a piece" + where(a.step) +
+               " that the schedule does not have (or twice)";
+      }
+      Unit& unit = units[it->second];
+      if (--unit.missing == 0 && unit.unmet == 0) ready.emplace(unit.step, it->second);
+      moved = true;
+    }
+    for (auto& [peer, queue] : in_flight) {
+      const int64_t left = static_cast<size_t>(peer) < written.size() ? written[peer] : 0;
+      for (; !queue.empty() && queue.front().first < left; queue.pop_front()) {
+        finish(queue.front().second);
+        moved = true;
+      }
+    }
+    if (!ready.empty() || done == units.size()) continue;
+    while (first_pending < units.size() && finished[first_pending]) ++first_pending;
+    // Every earlier unit is done, so this one waits for the network only: for
+    // its pieces (an apply) or for its bytes to leave (a send).
+    const Unit& stuck = units[first_pending];
+    int peer = stuck.pieces[0].peer;
+    for (const Piece& in : stuck.pieces) {
+      if (stuck.kind != Unit::kSend && !arrived_at.count({stuck.step, in.peer})) {
+        peer = in.peer;
+        break;
+      }
+    }
+    const std::string lost = transport.Lost(peer);
+    const bool sending = stuck.kind == Unit::kSend;
+    const std::string doing = sending ? "sending to " + transport.Peer(peer) :
+                                           "waiting for the piece of " + transport.Peer(peer);
+    if (!lost.empty()) return "step " + std::to_string(stuck.step) + ": lost " +
+                              transport.Peer(peer) + " while " + doing + ": " + lost;
+    const auto now = Clock::now();
+    if (moved) {
+      deadline = now + timeout;
+    } else if (now >= deadline) {
+      return "step " + std::to_string(stuck.step) + ": timed out after " +
+             std::to_string(timeout.count()) + " s " + doing +
+             (sending ? ", which does not take it" : "") + " (JAXCC_TIMEOUT_S sets the limit)";
+    }
+    transport.Wait(events, deadline);
+  }
+  return "";
+}
+
+}  // namespace jaxcc
+
+#endif  // JAXCC_DATAFLOW_H_
