@@ -100,40 +100,16 @@ def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
   group = jnp.int32(0)
   for name, size in group_axes:
     group = group * size + lax.axis_index(name).astype(jnp.int32)
-  attrs = {k: _ArrayAttr(v) if isinstance(v, np.ndarray) and v.ndim else v
-           for k, v in attrs.items()}
-  return collective_p.bind(
-      buf, rank, group, table=_ArrayAttr(np.ascontiguousarray(schedule.table.reshape(-1))),
-      num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
-      op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
-      name=schedule.collective, **attrs)
-
-
-class _ArrayAttr:
-  """An array attribute of the FFI call; hashable (by identity), as primitive params must be."""
-
-  __slots__ = ("array",)
-
-  def __init__(self, array: np.ndarray):
-    self.array = array
-
-
-# The FFI call as a primitive with jaxcc's ordered effect: its lowering takes and returns the
-# program-order token (the handler's first operand and result).
-collective_p = compat.Primitive("jaxcc_collective")
-collective_p.def_effectful_abstract_eval(
-    lambda buf, rank, group, **_: (buf, {compat.PROGRAM_ORDER}))
-_lower_ffi = compat.ordered_ffi_lowering("jaxcc_collective", operand_output_aliases={1: 1},
-                                         has_side_effect=True)
-
-
-def _lower_collective(ctx, *args, **attrs):
-  return _lower_ffi(ctx, *args, **{k: v.array if isinstance(v, _ArrayAttr) else v
-                                   for k, v in attrs.items()})
-
-
-for _platform in ("cpu", "cuda"):
-  compat.mlir.register_lowering(collective_p, _lower_collective, platform=_platform)
+  out, _ = jax.ffi.ffi_call(
+      "jaxcc_collective",
+      (jax.ShapeDtypeStruct(buf.shape, buf.dtype), jax.ShapeDtypeStruct((), jnp.int32)),
+      has_side_effect=True, input_output_aliases={0: 0})(
+          buf, rank, group, jnp.int32(0),
+          table=np.ascontiguousarray(schedule.table.reshape(-1)),
+          num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
+          op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
+          name=schedule.collective, **attrs)
+  return out
 
 
 def process_map(axis_name: str, group_axes: tuple[tuple[str, int], ...]) -> np.ndarray | None:

@@ -232,10 +232,11 @@ inline std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length
         in_flight[out.peer].emplace_back(posted[peer]++, u);
         return transport.Post(unit.step, out.peer, from, out.length * itemsize, nullptr);
       }
-      std::unique_ptr<char[]> enc(new char[codec->MaxBytes(out.length)]);
+      std::unique_ptr<char[]> owned(new char[codec->MaxBytes(out.length)]);
+      char* enc = owned.get();
       uint64_t bytes = 0;
-      std::string err = codec->Encode(from, out.length, enc.get(), &bytes);
-      if (err.empty()) err = transport.Post(unit.step, out.peer, enc.get(), bytes, std::move(enc));
+      std::string err = codec->Encode(from, out.length, enc, &bytes);
+      if (err.empty()) err = transport.Post(unit.step, out.peer, enc, bytes, std::move(owned));
       if (err.empty()) finish(u);
       return err;
     }
