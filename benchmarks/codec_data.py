@@ -121,12 +121,13 @@ def _mnr_loss(p, anchors, positives):
   return -jnp.mean(jnp.diag(jax.nn.log_softmax(logits, axis=-1)))
 
 
-def load_gradients(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Gradients of the MNR loss on PAIRS w.r.t. every float32 tensor."""
+def load_gradients(weights: dict[str, np.ndarray],
+                   pairs: list[tuple[str, str]] = PAIRS) -> dict[str, np.ndarray]:
+  """Gradients of the MNR loss on ``pairs`` (default PAIRS) w.r.t. every float32 tensor."""
   with open(os.path.join(model_dir(), "vocab.txt"), encoding="utf-8") as f:
     vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
-  anchors = jnp.asarray([_tokenize(a, vocab, 24) for a, _ in PAIRS])
-  positives = jnp.asarray([_tokenize(b, vocab, 24) for _, b in PAIRS])
+  anchors = jnp.asarray([_tokenize(a, vocab, 24) for a, _ in pairs])
+  positives = jnp.asarray([_tokenize(b, vocab, 24) for _, b in pairs])
   params = {k: jnp.asarray(v) for k, v in weights.items() if k != "pooler.dense.weight"
             and k != "pooler.dense.bias"}
   grads = jax.jit(jax.grad(_mnr_loss))(params, anchors, positives)

@@ -271,7 +271,6 @@ def trace_in_shard_map(fn, p=4, shape=(8, 4), dtype=np.float32):
     (lambda b: jaxcc.all_reduce(b, "y"), NameError, "unbound axis name 'y'"),
     (lambda b: jaxcc.all_reduce(b, "x", topology=Topology.uniform(3, 1.0)), ValueError,
      "topology has 3 ranks but axis 'x' has 4"),
-    (lambda b: jaxcc.all_reduce(b, "x", codec="entropy"), ValueError, "codec='entropy'"),
     (lambda b: jaxcc.all_reduce(b, "x", algorithm="tree"), ValueError,
      "unsupported algorithm 'tree'"),
     (lambda b: jaxcc.reduce_scatter(b, "x", algorithm="optcc"), ValueError,

@@ -7,8 +7,12 @@ Copies land through masked ``dynamic_update_slice``; the reduce transfers into
 a rank are summed with its own values in one ``jaxcc_reduce`` call, in the
 canonical order (ascending shift). Steps run one after another (the IR's
 reference semantics), so the native executor must match it bit for bit.
+Floats move as their bits (XLA:CPU copies bf16 through f32, which would
+quiet NaN payloads); only the reduction sees them as floats.
 Moves ``p`` times the longest piece of each round: equal pieces cost nothing
-extra, weighted shards pay for padding.
+extra, weighted shards pay for padding. With a codec every round's piece is
+encoded before its ``ppermute`` and decoded after (``encoded_ppermute``):
+the same results, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcc._src import encoded_ppermute
 from jaxcc._src.reduce import reduce_sum
 from jaxcc.schedules.ir import COPY, DST, DST_START, LENGTH, OP, SRC, SRC_START, Schedule
 
@@ -75,8 +80,13 @@ def _compile(schedule: Schedule) -> tuple[tuple[_Step, ...], int]:
   return tuple(steps), pad
 
 
-def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str) -> jax.Array:
-  """Run ``schedule`` on this rank's flat buffer ``buf`` (inside shard_map over ``axis_name``)."""
+def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
+                 codec: str | None = None) -> jax.Array:
+  """Run ``schedule`` on this rank's flat buffer ``buf`` (inside shard_map over ``axis_name``).
+
+  ``codec`` (None, "fixed" or "entropy") encodes each round's piece on the
+  wire; see ``encoded_ppermute.ppermute`` for the bytes it moves.
+  """
   if buf.ndim != 1 or buf.shape[0] != schedule.length:
     raise ValueError(f"run_schedule: buffer of shape {buf.shape} for a schedule of "
                      f"{schedule.length} elements")
@@ -84,8 +94,17 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str) -> jax.Arra
   if not steps:
     return buf
   rank = lax.axis_index(axis_name)
-  identity = _additive_identity(buf.dtype)
-  work = jnp.concatenate([buf, jnp.full((pad,), identity, buf.dtype)])
+  dtype = buf.dtype
+  word = np.dtype(f"uint{8 * dtype.itemsize}") if jnp.issubdtype(dtype, jnp.floating) else dtype
+  identity = _additive_identity(dtype).view(word)
+
+  def as_bits(x):
+    return lax.bitcast_convert_type(x, word)
+
+  def as_values(x):
+    return lax.bitcast_convert_type(x, dtype)
+
+  work = jnp.concatenate([as_bits(buf), jnp.full((pad,), identity, word)])
 
   def window(x, start, width):
     return lax.dynamic_slice(x, (start,), (width,))
@@ -99,8 +118,10 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str) -> jax.Arra
     return jnp.asarray(table, jnp.int32)[rank]
 
   for step in steps:
-    received = [lax.ppermute(window(work, at(rd.send_start), rd.width), axis_name, rd.perm)
-                for rd in step.rounds]
+    received = encoded_ppermute.ppermute(
+        [as_values(window(work, at(rd.send_start), rd.width)) for rd in step.rounds], axis_name,
+        [rd.perm for rd in step.rounds], codec)
+    received = [as_bits(got) for got in received]
     for rd, got in zip(step.rounds, received):
       if rd.copy_len.any():
         work = put(work, at(rd.recv_start), rd.width, at(rd.copy_len), got)
@@ -113,8 +134,9 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str) -> jax.Arra
         if rd.reduce_len.any():
           got = _fit(got, width, identity)
           inputs.append(jnp.where(lane < at(rd.reduce_len), got, identity))
-      work = put(work, start, width, at(step.reduce_len), reduce_sum(inputs))
-  return work[:schedule.length]
+      total = reduce_sum([as_values(x) for x in inputs])
+      work = put(work, start, width, at(step.reduce_len), as_bits(total))
+  return as_values(work[:schedule.length])
 
 
 def _fit(x: jax.Array, width: int, fill) -> jax.Array:

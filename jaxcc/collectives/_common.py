@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from jaxcc import codec as codec_lib
 from jaxcc._src import compat, native_executor, nccl_bootstrap, xla_executor
 from jaxcc._src.reduce import SUPPORTED_DTYPES
 from jaxcc.schedules.ir import Schedule
@@ -12,6 +13,7 @@ from jaxcc.schedules.planner import check_algorithm, schedule_for
 from jaxcc.topology import Topology
 
 EXECUTORS = ("auto", "native", "xla")
+CODECS = (None, "fixed", "entropy")
 # The network assumed when no topology is given: uniform 25 GB/s ports (a 200 Gb/s NIC).
 DEFAULT_BANDWIDTH = 25e9
 
@@ -19,8 +21,8 @@ DEFAULT_BANDWIDTH = 25e9
 def check_axis(api: str, axis_name, executor: str, codec) -> int:
   """Validate the arguments every collective takes; return the axis size."""
   size = compat.axis_size(axis_name, api)
-  if codec is not None:
-    raise ValueError(f"{api}: codec={codec!r} is not available yet; use codec=None")
+  if not (codec is None or isinstance(codec, str) and codec in CODECS):
+    raise ValueError(f"{api}: codec must be one of {CODECS}, got codec={codec!r}")
   if executor not in EXECUTORS:
     raise ValueError(f"{api}: executor must be one of {EXECUTORS}, got {executor!r}")
   if executor == "native" and compat.group_axes(axis_name) is None:
@@ -49,20 +51,23 @@ def execute(buf: jax.Array, sched: Schedule, params: dict, native: bool | str) -
   if native and params["executor"] != "xla" and params["group_axes"] is not None:
     procs = native_executor.process_map(params["axis_name"], params["group_axes"])
     if procs is not None:
+      if len(procs):  # over TCP: the pipelined schedule, whose steps the runner overlaps
+        sched = schedule_for(sched.collective, sched.length, sched.itemsize, params["topology"],
+                             sched.algorithm, sched.root)
       return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"],
-                                          procs, params["topology"])
+                                          procs, params["topology"], params.get("codec"))
   if params["executor"] == "native":
     raise NotImplementedError("executor='native' runs on the CPU, across processes only in a "
                               "shard_map over a mesh of devices (jax.make_mesh); use "
                               "executor='auto' or 'xla'")
-  return xla_executor.run_schedule(buf, sched, params["axis_name"])
+  return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"))
 
 
 def _execute_cuda(buf: jax.Array, sched: Schedule, params: dict) -> jax.Array:
   """On the GPU the native executor runs over the Nccl transport when jaxcc's CUDA module has it
   and libnccl.so.2 loads; else "auto" falls back to the XLA executor and "native" is an error."""
   if params["executor"] == "xla":
-    return xla_executor.run_schedule(buf, sched, params["axis_name"])
+    return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"))
   if params["group_axes"] is None:
     reason = "some mesh axis is not manual"
   else:
@@ -76,7 +81,7 @@ def _execute_cuda(buf: jax.Array, sched: Schedule, params: dict) -> jax.Array:
   if params["executor"] == "native":
     raise NotImplementedError(f"executor='native' on the GPU needs the Nccl transport: {reason}; "
                               f"use executor='auto' or 'xla'")
-  return xla_executor.run_schedule(buf, sched, params["axis_name"])
+  return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"))
 
 
 def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
@@ -87,6 +92,10 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
     raise TypeError(f"{api}: algorithm must be a str, got {algorithm!r}")
   if algorithm != "lax":
     check_algorithm(collective, algorithm)
+  elif codec is not None:
+    raise ValueError(f"{api}: algorithm='lax' is XLA's own collective, which cannot move "
+                     f"encoded bytes; use codec=None with it, or another algorithm with "
+                     f"codec={codec!r}")
   if topology is None:
     topology = Topology.uniform(size, DEFAULT_BANDWIDTH)
   elif not isinstance(topology, Topology):
@@ -96,6 +105,13 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
     raise ValueError(f"{api}: topology has {topology.size} ranks but axis {axis_name!r} has "
                      f"{size}; build the topology for {size} ranks")
   return size, topology
+
+
+def check_codec(api: str, codec, dtype) -> None:
+  """A codec compresses bf16, f16 and f32 only: a TypeError naming the fix for other dtypes."""
+  if codec is not None and np.dtype(dtype) not in codec_lib.SUPPORTED_DTYPES:
+    raise TypeError(f"{api}: codec={codec!r} cannot take {np.dtype(dtype).name}; codecs take "
+                    f"{', '.join(d.name for d in codec_lib.SUPPORTED_DTYPES)}; use codec=None")
 
 
 def check_reducible(api: str, dtype) -> None:
@@ -115,8 +131,9 @@ def schedule(collective: str, x_size: int, dtype, params: dict, root: int = 0) -
   """The schedule the executors run for ``x_size`` elements: the planned algorithm in one chunk.
 
   The XLA executor runs steps one after another and the InProcess transport
-  reads peers' memory directly, so pipelining buys nothing there; chunks only
-  split pieces, so the sums (and their order) are those of any pipeline depth.
+  reads peers' memory directly, so pipelining buys nothing there; ``execute``
+  swaps in the pipelined schedule for the Tcp transport. Chunks only split
+  pieces, so the sums (and their order) are those of any pipeline depth.
   """
   itemsize = np.dtype(dtype).itemsize
   algorithm = params["algorithm"]

@@ -23,6 +23,8 @@ def all_reduce(x: jax.Array, axis_name: str, *, algorithm: str = "auto", executo
   Bytes sent per rank (N = ``x.nbytes``, p ranks): ``2(p-1)/p N`` for "ring"
   (``2(p-1)`` steps per chunk) and "direct" (2 steps per chunk);
   ``N + (p-2) w_i`` for "optcc", with shares ``w_i`` from the topology.
+  With a codec every piece travels encoded, so N counts encoded bytes: each
+  hop decodes, adds and re-encodes (a sum cannot be added compressed).
 
   Args:
     x: this rank's array.
@@ -31,7 +33,12 @@ def all_reduce(x: jax.Array, axis_name: str, *, algorithm: str = "auto", executo
       (XLA's own all-reduce), "ring", "direct", "optcc" or "r2ccl".
     executor: "auto", "xla" (schedules run on XLA collectives) or "native".
     topology: the network of the axis' ranks; uniform ports if None.
-    codec: must be None for now.
+    codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
+      "lax"): lossless compression of every piece on the wire, so the sum is
+      the one ``codec=None`` gives, bit for bit. "entropy" sends the real
+      encoded size (about 0.67 of raw bf16 weights) with the native executor;
+      the XLA executor moves static sizes: "fixed" about 0.77 of raw bf16,
+      "entropy" raw plus headers (see ``jaxcc.codec``).
 
   Returns:
     The sum, with ``x``'s shape and dtype.
@@ -42,10 +49,11 @@ def all_reduce(x: jax.Array, axis_name: str, *, algorithm: str = "auto", executo
   if x.dtype == jnp.bool_:
     x = x.astype(jnp.int32)
   _common.check_reducible("jaxcc.all_reduce", x.dtype)
+  _common.check_codec("jaxcc.all_reduce", codec, x.dtype)
   x = compat.make_varying(x, axis_name)  # an invariant x sums to p * x, as with psum
   return all_reduce_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
-                           executor=executor, topology=topology, invariant_out=compat.check_vma(),
-                           **_common.native_params(axis_name))
+                           executor=executor, topology=topology, codec=codec,
+                           invariant_out=compat.check_vma(), **_common.native_params(axis_name))
 
 
 def _abstract_eval(x, *, axis_name, invariant_out, **_):

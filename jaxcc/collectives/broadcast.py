@@ -19,8 +19,10 @@ def broadcast(x: jax.Array, axis_name: str, *, root: int = 0, algorithm: str = "
   Bytes sent per rank (N = ``x.nbytes``): "ring" (a pipelined chain) sends N
   from every rank but the last in ``chunks + p - 2`` steps; "direct" sends
   ``(p-1) N`` from the root in one step; "lax" is XLA's all-gather (``(p-1) N``
-  per rank). The result does not vary along the axis; its transpose sums the
-  cotangent onto the root.
+  per rank). With a codec N is the encoded size: the array travels encoded
+  (about 0.67 of raw for bf16 weights with "entropy" on the native executor).
+  The result does not vary along the axis; its transpose sums the cotangent
+  onto the root (with the same codec).
 
   Args:
     x: this rank's array (only the root's matters).
@@ -29,15 +31,19 @@ def broadcast(x: jax.Array, axis_name: str, *, root: int = 0, algorithm: str = "
     algorithm: "auto", "lax", "ring" or "direct".
     executor: "auto", "xla" or "native".
     topology: the network of the axis' ranks; uniform ports if None.
-    codec: must be None for now.
+    codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
+      "lax"): lossless compression of every piece on the wire; the result is
+      the one ``codec=None`` gives, bit for bit. See ``jaxcc.all_reduce``.
   """
   size, topology = _common.resolve("jaxcc.broadcast", "broadcast", axis_name, algorithm,
                                    executor, topology, codec)
   if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < size:
     raise ValueError(f"jaxcc.broadcast: root must be a rank in [0, {size}), got {root!r}")
-  x = compat.make_varying(jnp.asarray(x), axis_name)
+  x = jnp.asarray(x)
+  _common.check_codec("jaxcc.broadcast", codec, x.dtype)
+  x = compat.make_varying(x, axis_name)
   return broadcast_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
-                          executor=executor, topology=topology, root=root,
+                          executor=executor, topology=topology, codec=codec, root=root,
                           invariant_out=compat.check_vma(), **_common.native_params(axis_name))
 
 
