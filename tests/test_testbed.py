@@ -4,52 +4,34 @@ Needs root and iproute2: skipped without them, except under CI (``CI`` set),
 where that is a failure.
 """
 
-import json
 import os
-import subprocess
 import time
 
 import pytest
+from testbed_helpers import namespaces, require
 
 from jaxcc import testbed
+from jaxcc.bench import allreduce
 from jaxcc.testbed import netns
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = os.path.join(os.path.dirname(__file__), "testbed_worker.py")
-MIB_F32 = 1 << 18
-
-
-def _require():
-  try:
-    testbed.require_privileges()
-  except RuntimeError as e:
-    if os.environ.get("CI"):
-      pytest.fail(f"CI must run the testbed test: {e}")
-    pytest.skip(str(e))
-
-
-def _namespaces(prefix):
-  out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-  return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
-
 
 def test_psum_and_optcc_agree_on_a_cluster_with_a_straggler():
-  _require()
+  require()
   start = time.monotonic()
   with testbed.Cluster(4, rate="200mbit", stragglers={3: 0.5}) as cluster:
     prefix = f"{netns.PREFIX}{cluster.tag}-"
-    assert len(_namespaces(prefix)) == 4
+    assert len(namespaces(prefix)) == 4
     before = [cluster.bytes(i) for i in range(4)]
-    bandwidths = json.dumps(list(cluster.topology.send_bandwidth))
-    results = testbed.launch(cluster, WORKER, [bandwidths, MIB_F32, 3], timeout_s=150,
-                             env={"JAXCC_TIMEOUT_S": "60"})
+    # The benchmark's worker checks every result against the exact sum.
+    results = allreduce.measure(cluster.topology, 1 << 20, ["psum", "optcc"], 3, cluster=cluster)
     after = [cluster.bytes(i) for i in range(4)]
-  assert [r["rank"] for r in results] == [0, 1, 2, 3]
+  assert [r["process"] for r in results] == [0, 1, 2, 3]
   for b, a in zip(before, after):  # at least one MiB each way per rank per timed run
     assert a[0] - b[0] > 4 * (1 << 20) and a[1] - b[1] > 4 * (1 << 20), (b, a)
-  assert all(r["psum"] > 0 and r["optcc"] > 0 for r in results), results
-  assert not _namespaces(prefix), "teardown left namespaces behind"
+  assert all(min(r["samples"]["psum"] + r["samples"]["optcc"]) > 0 for r in results), results
+  assert not namespaces(prefix), "teardown left namespaces behind"
   assert not os.path.exists(os.path.join(netns.NETNS_ETC, f"{prefix}0"))
   print(f"testbed: {results} in {time.monotonic() - start:.1f} s")
 
@@ -72,7 +54,7 @@ def test_rates_parse_and_stragglers_scale_them():
 
 
 def test_a_failing_rank_kills_the_others_and_is_named(tmp_path):
-  _require()
+  require()
   script = tmp_path / "fail.py"
   script.write_text("import os, sys, time\n"
                     "if os.environ['JAXCC_TESTBED_PROCESS_ID'] == '1':\n"
@@ -84,13 +66,13 @@ def test_a_failing_rank_kills_the_others_and_is_named(tmp_path):
       prefix = f"{netns.PREFIX}{cluster.tag}-"
       testbed.launch(cluster, str(script), timeout_s=30)
   assert time.monotonic() - start < 20
-  assert not _namespaces(prefix)
+  assert not namespaces(prefix)
 
 
 def test_cleanup_stale_removes_a_crashed_runs_leftovers():
-  _require()
+  require()
   cluster = testbed.Cluster(2).__enter__()  # a run that died without tearing down
   prefix = f"{netns.PREFIX}{cluster.tag}-"
   removed = testbed.cleanup_stale()
   assert {f"{prefix}0", f"{prefix}1", cluster.bridge} <= set(removed)
-  assert not _namespaces(prefix) and not os.path.exists(f"/sys/class/net/{cluster.bridge}")
+  assert not namespaces(prefix) and not os.path.exists(f"/sys/class/net/{cluster.bridge}")

@@ -1,0 +1,192 @@
+"""What a benchmark shows: markdown tables, JSON, a PNG, and a text progress bar on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+_UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+def format_size(nbytes: int) -> str:
+  """``16 MiB``, ``256 KiB`` or ``4100 B``: the largest binary unit that divides ``nbytes``."""
+  for unit, name in _UNITS:
+    if nbytes >= unit and nbytes % unit == 0:
+      return f"{nbytes // unit} {name}"
+  return f"{nbytes} B"
+
+
+def format_stragglers(stragglers: Mapping[int, float]) -> str:
+  """``3:0.5,5:0.75`` (rank:fraction, by rank), or ``none``."""
+  return ",".join(f"{r}:{f:g}" for r, f in sorted(stragglers.items())) or "none"
+
+
+def format_seconds(t: float) -> str:
+  """``0.527 s``, or ``12.3 ms`` under a second."""
+  return f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.1f} ms"
+
+
+def table(rows: Sequence[dict]) -> str:
+  """A markdown table of ``jaxcc.bench.allreduce.run`` rows, after a line naming the setup.
+
+  Columns: the stragglers, the algorithm, the median measured time, its ratio to
+  the fault-free psum, to the lower bound and to ``T_ff / b`` (the fault-free
+  ring's link-rate time over the slowest fraction), the lower bound, the
+  simulator's prediction and its ratio to the measured time.
+  """
+  first = rows[0]
+  where = "on the testbed" if first["testbed"] else "on virtual CPU devices"
+  lines = [f"all_reduce of {format_size(first['nbytes'])} float32 per rank, {first['ranks']} "
+           f"ranks at {first['rate_bps'] / 1e6:g} Mbit/s {where}, median of {first['repeats']}; "
+           f"simulated at {first['link_efficiency']:.3f} x the configured rates",
+           "| stragglers | algorithm | measured | / fault-free psum | / lower bound | / (T_ff/b) "
+           "| lower bound | simulated | simulated / measured |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in rows:
+    t = r["measured_s"]
+    lines.append(
+        f"| {format_stragglers(r['stragglers'])} | {r['algorithm']} | {format_seconds(t)} "
+        f"| {t / r['fault_free_psum_s']:.2f} | {t / r['lower_bound_s']:.2f} "
+        f"| {t / r['t_ff_over_b_s']:.2f} | {format_seconds(r['lower_bound_s'])} "
+        f"| {format_seconds(r['simulated_s'])} | {r['simulated_s'] / t:.2f} |")
+  return "\n".join(lines)
+
+
+def summary(rows: Sequence[dict]) -> str:
+  """A markdown table, a line per configuration: the lower bound, each median (/ the bound)."""
+  algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+  lines = ["| stragglers | lower bound | " + " | ".join(algorithms) + " |",
+           "| --- " * (len(algorithms) + 2) + "|"]
+  by_config = {}
+  for r in rows:
+    by_config.setdefault(format_stragglers(r["stragglers"]), {})[r["algorithm"]] = r
+  for config, cells in by_config.items():
+    bound = next(iter(cells.values()))["lower_bound_s"]
+    lines.append(f"| {config} | {format_seconds(bound)} | " + " | ".join(
+        f"{format_seconds(cells[a]['measured_s'])} ({cells[a]['measured_s'] / bound:.2f}x)"
+        if a in cells else "" for a in algorithms) + " |")
+  return "\n".join(lines)
+
+
+def calibration_table(result: dict) -> str:
+  """A markdown table of ``jaxcc.bench.calibration.calibrate``'s links."""
+  lines = [f"{len(result['links'])} links streamed at once for {result['seconds']:g} s each; "
+           f"link efficiency (median measured / configured) {result['efficiency']:.3f}",
+           "| link | configured | measured | measured / configured |", "| --- | --- | --- | --- |"]
+  for link in result["links"]:
+    lines.append(f"| {link['src']} -> {link['dst']} | {link['configured_bps'] / 1e6:.1f} Mbit/s "
+                 f"| {link['measured_bps'] / 1e6:.1f} Mbit/s | {link['ratio']:.3f} |")
+  return "\n".join(lines)
+
+
+def write_json(value, path: str | os.PathLike) -> None:
+  """``value`` as indented JSON at ``path`` (rank keys become strings)."""
+  with open(path, "w") as f:
+    json.dump(value, f, indent=1)
+    f.write("\n")
+
+
+def plot(rows: Sequence[dict], path: str | os.PathLike) -> None:
+  """A PNG of measured / lower bound per configuration (groups) and algorithm (bars).
+
+  A black tick on each bar marks the simulator's prediction over the same bound.
+  """
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  configs = list(dict.fromkeys(format_stragglers(r["stragglers"]) for r in rows))
+  algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+  width = 0.8 / len(algorithms)
+  fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs)), 3.8))
+  for k, alg in enumerate(algorithms):
+    xs, measured, simulated = [], [], []
+    for r in rows:
+      if r["algorithm"] == alg:
+        xs.append(configs.index(format_stragglers(r["stragglers"])) + (k + 0.5) * width - 0.4)
+        measured.append(r["measured_s"] / r["lower_bound_s"])
+        simulated.append(r["simulated_s"] / r["lower_bound_s"])
+    ax.bar(xs, measured, width, label=alg)
+    ax.scatter(xs, simulated, marker="_", color="black", s=120, zorder=3,
+               label="simulated" if k == 0 else None)
+  ax.axhline(1.0, color="tab:red", ls="--", lw=1, label="lower bound")
+  ax.set_xticks(range(len(configs)), [f"stragglers {c}" for c in configs], fontsize=8)
+  ax.set_ylabel("time / lower bound")
+  first = rows[0]
+  ax.set_title(f"all_reduce {format_size(first['nbytes'])}/rank, {first['ranks']} ranks at "
+               f"{first['rate_bps'] / 1e6:g} Mbit/s, "
+               f"{'testbed' if first['testbed'] else 'virtual devices'}", fontsize=10)
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+class Progress:
+  """A one-line text progress bar: ``[#####-----] 12/40 label 31 s``, redrawn on ``stream``.
+
+  Args:
+    total: the number of steps.
+    stream: where to draw (stderr by default).
+  """
+
+  def __init__(self, total: int, stream=None, width: int = 30):
+    self.total, self.done, self.label = total, 0, ""
+    self._stream = stream or sys.stderr
+    self._width = width
+    self._start = time.monotonic()
+    self._lock = threading.Lock()
+
+  def advance(self, steps: int = 1, label: str | None = None) -> None:
+    """Count ``steps`` more done (and set the label, if given); redraw."""
+    with self._lock:
+      self.done = min(self.total, self.done + steps)
+      if label is not None:
+        self.label = label
+      filled = self._width * self.done // max(self.total, 1)
+      self._stream.write(f"\r[{'#' * filled}{'-' * (self._width - filled)}] "
+                         f"{self.done}/{self.total} {self.label} "
+                         f"{time.monotonic() - self._start:.0f} s\x1b[K")
+      self._stream.flush()
+
+  @contextlib.contextmanager
+  def following(self, path: str | os.PathLike, label: str = "", poll_s: float = 0.2):
+    """While the block runs, advance one step per line appended to the file at ``path``.
+
+    The label becomes ``label`` followed by the file's last line.
+    """
+    seen = [0]
+    stop = threading.Event()
+
+    def catch_up():
+      try:
+        with open(path) as f:
+          lines = f.read().splitlines()
+      except FileNotFoundError:
+        return
+      if len(lines) > seen[0]:
+        self.advance(len(lines) - seen[0], f"{label} {lines[-1]}".strip())
+        seen[0] = len(lines)
+
+    def poll():
+      while not stop.wait(poll_s):
+        catch_up()
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+      yield
+    finally:
+      stop.set()
+      thread.join()
+      catch_up()
+
+  def close(self) -> None:
+    """End the bar's line."""
+    self._stream.write("\n")
+    self._stream.flush()

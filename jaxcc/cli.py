@@ -1,0 +1,137 @@
+"""The ``jaxcc`` command: ``jaxcc bench allreduce ...`` and ``jaxcc bench calibrate ...``.
+
+Examples:
+  jaxcc bench allreduce --ranks 4 --size 256KiB --algorithms psum,ring,optcc --repeats 2
+  sudo jaxcc bench allreduce --testbed --ranks 8 --rate 200mbit --straggler 5:0.5 \\
+      --size 16MiB --algorithms psum,ring,direct,optcc,r2ccl --repeats 5 --json out.json
+  sudo jaxcc bench calibrate --ranks 4 --rate 200mbit
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+
+from jaxcc.bench import allreduce, calibration, report
+from jaxcc.testbed import Cluster
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
+               "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Run the command line ``argv`` (``sys.argv[1:]`` by default); return the exit status."""
+  parser = _parser()
+  args = parser.parse_args(argv)
+  if not hasattr(args, "command"):  # no (sub)command: the help of the level reached
+    args.level.print_help(sys.stderr)
+    return 2
+  try:
+    args.command(args)
+  except (RuntimeError, TimeoutError, ValueError) as e:
+    print(f"jaxcc: error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+def parse_size(text: str) -> int:
+  """Bytes of ``"16MiB"``, ``"1GiB"``, ``"256KiB"``, ``"4MB"`` or ``"4096"``."""
+  m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?i?b?)\s*", text.lower())
+  if not m or m.group(2) not in _SIZE_UNITS:
+    raise argparse.ArgumentTypeError(f"size must look like 16MiB, 1GiB or 4096, got {text!r}")
+  nbytes = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
+  if nbytes != int(nbytes) or nbytes <= 0:
+    raise argparse.ArgumentTypeError(f"size must be a positive whole number of bytes, got {text!r}")
+  return int(nbytes)
+
+
+def parse_stragglers(text: str) -> dict[int, float]:
+  """``{rank: fraction}`` of ``"5:0.5"`` or ``"1:0.75,5:0.5"``."""
+  out = {}
+  for item in text.split(","):
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d*\.?\d+)\s*", item)
+    if not m or not 0 < float(m.group(2)) <= 1:
+      raise argparse.ArgumentTypeError(
+          f"a straggler is RANK:FRACTION with FRACTION in (0, 1], got {item!r}")
+    out[int(m.group(1))] = float(m.group(2))
+  return out
+
+
+def _algorithms(text: str) -> list[str]:
+  names = [a.strip() for a in text.split(",") if a.strip()]
+  unknown = [a for a in names if a not in allreduce.ALGORITHMS]
+  if unknown or not names:
+    raise argparse.ArgumentTypeError(
+        f"algorithms are a comma-separated list of {', '.join(allreduce.ALGORITHMS)}; got {text!r}")
+  return names
+
+
+def _stragglers(args) -> dict[int, float]:
+  return {rank: f for group in args.straggler or () for rank, f in group.items()}
+
+
+def _bench_allreduce(args) -> None:
+  rows = allreduce.run(args.ranks, args.size, rate=args.rate, configurations=[_stragglers(args)],
+                       algorithms=args.algorithms, repeats=args.repeats, testbed=args.testbed)
+  print(report.table(rows))
+  if args.json:
+    report.write_json(rows, args.json)
+  if args.plot:
+    report.plot(rows, args.plot)
+
+
+def _bench_calibrate(args) -> None:
+  with Cluster(args.ranks, args.rate, _stragglers(args)) as cluster:
+    result = calibration.calibrate(cluster, seconds=args.seconds)
+  print(report.calibration_table(result))
+  if args.json:
+    report.write_json(result, args.json)
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="jaxcc", description="jaxcc: collective communication "
+                                   "for JAX on real, imperfect networks.")
+  parser.set_defaults(level=parser)
+  commands = parser.add_subparsers(title="commands")
+  bench = commands.add_parser("bench", help="measure collectives against bounds and baselines")
+  bench.set_defaults(level=bench)
+  benches = bench.add_subparsers(title="benchmarks")
+
+  def common(p, ranks):
+    p.add_argument("--ranks", type=int, default=ranks, help=f"number of ranks (default {ranks})")
+    p.add_argument("--rate", default="200mbit",
+                   help="link rate of every rank, a tc rate (default 200mbit)")
+    p.add_argument("--straggler", action="append", type=parse_stragglers, metavar="RANK:FRACTION",
+                   help="a rank at FRACTION of the rate; repeatable or comma-separated")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+
+  p = benches.add_parser(
+      "allreduce", help="time all_reduce algorithms",
+      description="Time all_reduce algorithms on virtual CPU devices (default) or on the testbed "
+                  "(--testbed, root): median of --repeats runs, the slowest rank's time each, "
+                  "against the fault-free psum, the lower bound and the simulator's prediction.")
+  common(p, 4)
+  p.add_argument("--size", type=parse_size, default=8 << 20,
+                 help="float32 bytes per rank, e.g. 16MiB (default 8MiB)")
+  p.add_argument("--algorithms", type=_algorithms, default=list(allreduce.ALGORITHMS),
+                 help="comma-separated; psum is XLA's lax.psum (default all)")
+  p.add_argument("--repeats", type=int, default=5, help="timed runs (default 5)")
+  p.add_argument("--testbed", action="store_true",
+                 help="run on an emulated cluster of network namespaces (needs root)")
+  p.add_argument("--plot", metavar="PATH", help="write a PNG of time / lower bound")
+  p.set_defaults(command=_bench_allreduce)
+
+  p = benches.add_parser(
+      "calibrate", help="measured link throughput vs the configured rate (testbed, root)",
+      description="Stream TCP around a testbed cluster's ring and compare each link's goodput "
+                  "with its configured rate (needs root).")
+  common(p, 4)
+  p.add_argument("--seconds", type=float, default=2.0, help="stream length (default 2)")
+  p.set_defaults(command=_bench_calibrate)
+  return parser
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,128 @@
+"""``jaxcc bench``: the command line, the report, and runs on virtual devices and the testbed.
+
+The testbed run needs root and iproute2: skipped without them, except under
+CI (``CI`` set), where that is a failure.
+"""
+
+import argparse
+import io
+import json
+
+import pytest
+from testbed_helpers import namespaces, require
+
+from jaxcc import cli, testbed
+from jaxcc.bench import allreduce, report
+from jaxcc.testbed import netns
+
+KEYS = {"algorithm", "ranks", "stragglers", "nbytes", "measured_s", "lower_bound_s", "simulated_s",
+        "fault_free_psum_s"}
+
+
+def _row(algorithm, measured, stragglers=None):
+  return {"algorithm": algorithm, "ranks": 4, "stragglers": stragglers or {}, "nbytes": 8 << 20,
+          "rate_bps": 200e6, "testbed": True, "repeats": 5, "measured_s": measured,
+          "lower_bound_s": 0.5, "simulated_s": 0.55, "fault_free_psum_s": 0.25, "t_ff_s": 0.5,
+          "t_ff_over_b_s": 1.0, "link_efficiency": 0.99}
+
+
+def test_sizes_and_stragglers_parse():
+  assert cli.parse_size("16MiB") == 16 << 20
+  assert cli.parse_size("1GiB") == 1 << 30
+  assert cli.parse_size("256kib") == 256 << 10
+  assert cli.parse_size("4096") == 4096
+  assert cli.parse_size("2MB") == 2_000_000
+  for bad in ("16 furlongs", "0", "1.5"):
+    with pytest.raises(argparse.ArgumentTypeError):
+      cli.parse_size(bad)
+  assert cli.parse_stragglers("5:0.5") == {5: 0.5}
+  assert cli.parse_stragglers("1:0.75, 5:.5") == {1: 0.75, 5: 0.5}
+  for bad in ("5", "5:0", "5:1.5", "a:0.5"):
+    with pytest.raises(argparse.ArgumentTypeError):
+      cli.parse_stragglers(bad)
+
+
+def test_the_parser_takes_the_issues_command_line(capsys):
+  args = cli._parser().parse_args(
+      "bench allreduce --ranks 8 --rate 200mbit --straggler 5:0.5 --straggler 6:0.75,7:1 "
+      "--size 16MiB --algorithms psum,ring,direct,optcc,r2ccl --repeats 5 --testbed".split())
+  assert (args.ranks, args.rate, args.size, args.repeats, args.testbed) == (
+      8, "200mbit", 16 << 20, 5, True)
+  assert args.algorithms == ["psum", "ring", "direct", "optcc", "r2ccl"]
+  assert cli._stragglers(args) == {5: 0.5, 6: 0.75, 7: 1.0}
+  with pytest.raises(SystemExit):
+    cli.main(["bench", "allreduce", "--algorithms", "psum,nccl"])
+  assert "psum, ring, direct, optcc, r2ccl" in capsys.readouterr().err
+  assert cli.main(["bench", "allreduce", "--straggler", "9:0.5", "--ranks", "4"]) == 1
+  assert "rank must be in [0, 4)" in capsys.readouterr().err
+
+
+def test_the_table_gives_every_ratio():
+  rows = [_row("psum", 1.2, {3: 0.5}), _row("optcc", 0.6, {1: 0.75, 3: 0.5})]
+  text = report.table(rows)
+  assert "8 MiB float32 per rank, 4 ranks at 200 Mbit/s on the testbed, median of 5" in text
+  assert "| 3:0.5 | psum | 1.200 s | 4.80 | 2.40 | 1.20 | 500.0 ms | 550.0 ms | 0.46 |" in text
+  assert "| 1:0.75,3:0.5 | optcc | 600.0 ms | 2.40 | 1.20 | 0.60 |" in text
+  assert report.format_size(4100) == "4100 B" and report.format_size(1 << 30) == "1 GiB"
+
+
+def test_the_progress_bar_follows_a_file(tmp_path):
+  out = io.StringIO()
+  bar = report.Progress(4, stream=out, width=4)
+  path = tmp_path / "progress"
+  with bar.following(path, "fault-free:"):
+    path.write_text("psum warm-up\npsum 1/3\n")
+  bar.close()
+  assert "[##--] 2/4 fault-free: psum 1/3" in out.getvalue()
+
+
+def test_a_virtual_device_run_writes_table_json_and_plot(tmp_path, capsys):
+  status = cli.main(["bench", "allreduce", "--ranks", "4", "--size", "256KiB", "--straggler",
+                     "3:0.5", "--algorithms", "psum,ring,optcc", "--repeats", "2",
+                     "--json", str(tmp_path / "rows.json"), "--plot", str(tmp_path / "rows.png")])
+  out, err = capsys.readouterr()
+  assert status == 0, err
+  assert "on virtual CPU devices, median of 2" in out
+  assert [line.split(" | ")[1] for line in out.splitlines() if line.startswith("| 3:0.5")] == [
+      "psum", "ring", "optcc"]
+  assert "] 12/12 stragglers 3:0.5: optcc 2/2" in err  # fault-free psum 3 runs, then 3 x 3
+  rows = json.loads((tmp_path / "rows.json").read_text())
+  assert [r["algorithm"] for r in rows] == ["psum", "ring", "optcc"]
+  for r in rows:
+    assert KEYS <= set(r), r
+    assert (r["ranks"], r["stragglers"], r["nbytes"]) == (4, {"3": 0.5}, 256 << 10)
+    assert r["measured_s"] > 0 and len(r["samples_s"]) == 2 and r["fault_free_psum_s"] > 0
+    assert r["simulated_s"] >= r["lower_bound_s"] > 0
+  assert (tmp_path / "rows.png").stat().st_size > 10_000
+
+
+@pytest.mark.multiprocess
+def test_a_testbed_run_is_network_bound_and_tears_down(tmp_path, capsys, monkeypatch):
+  require()
+  clusters = []
+
+  class Recorded(testbed.Cluster):
+    def __enter__(self):
+      clusters.append(self)
+      return super().__enter__()
+
+  monkeypatch.setattr(allreduce, "Cluster", Recorded)
+  status = cli.main(["bench", "allreduce", "--testbed", "--ranks", "4", "--rate", "200mbit",
+                     "--straggler", "3:0.5", "--size", "2MiB", "--algorithms", "psum,ring,optcc",
+                     "--repeats", "2", "--json", str(tmp_path / "rows.json")])
+  out, err = capsys.readouterr()
+  assert status == 0, err
+  assert "on the testbed, median of 2" in out
+  assert [c.rates for c in clusters] == [(200e6,) * 4, (200e6,) * 3 + (100e6,)]
+  for c in clusters:
+    assert not namespaces(f"{netns.PREFIX}{c.tag}-"), "the benchmark left namespaces behind"
+  rows = json.loads((tmp_path / "rows.json").read_text())
+  assert [r["algorithm"] for r in rows] == ["psum", "ring", "optcc"]
+  for r in rows:
+    assert KEYS <= set(r), r
+    assert 0.9 < r["link_efficiency"] <= 1.05, r
+    # The shaped links hold every algorithm near or above the bound, and the fault-free
+    # psum near or above the fault-free ring's link-rate time.
+    assert r["measured_s"] > 0.8 * r["lower_bound_s"], r
+    assert r["fault_free_psum_s"] > 0.8 * r["t_ff_s"], r
+  print(out)
