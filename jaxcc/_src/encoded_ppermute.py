@@ -29,7 +29,7 @@ def ppermute(xs: list[jax.Array], axis_name: str, perms: list, codec: str | None
   Bytes sent by a source, per array of N bytes, in one ``lax.ppermute`` step:
   N with ``codec=None``; ``max_nbytes + 4`` (N + 37 and up) with "entropy";
   ``fixed_nbytes + 4`` (about 0.77 N for bf16, 0.9 N for f32) with "fixed"
-  when every source's encoding fits it, else N raw, decided for all the arrays
+  when every rank's encoding fits it, else N raw, decided for all the arrays
   together by one ``lax.pmax`` of a flag over the axis; N raw when
   ``fixed_nbytes + 4`` is not below N.
 
@@ -56,8 +56,8 @@ def ppermute(xs: list[jax.Array], axis_name: str, perms: list, codec: str | None
   if not shrunk:
     return out
   encs = [codec_lib.encode(xs[i], "fixed") for i in shrunk]
-  spills = [(enc.nbytes > _fixed_size(xs[i])) & _is_rank_in(rank, [s for s, _ in perms[i]])
-            for i, enc in zip(shrunk, encs)]
+  # Every rank's spill counts: one that receives nothing decodes its own truncated bytes.
+  spills = [enc.nbytes > _fixed_size(xs[i]) for i, enc in zip(shrunk, encs)]
   spill = lax.pmax(jnp.any(jnp.stack(spills)).astype(jnp.int32), axis_name) > 0
   moved = lax.cond(
       spill,
