@@ -158,3 +158,23 @@ def test_native_needs_one_process_and_manual_axes():
   with pytest.raises(NotImplementedError, match="axes are all manual"):
     f(x)
 
+
+
+def test_one_token_orders_every_native_call_of_a_program():
+  """Independent collectives still run in program order: each call takes the previous one's token."""
+  mesh = mesh_of(4)
+
+  def body(a, b):
+    return (jaxcc.all_reduce(a, "x", executor="native"), lax.psum(b, "x"),
+            jaxcc.all_gather(b, "x", executor="native"))
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")),
+                            out_specs=(P(), P(), P("x"))))
+  x = jax.device_put(np.arange(8, dtype=np.float32), NamedSharding(mesh, P("x")))
+  text = f.lower(x, x).as_text()
+  calls = [line for line in text.splitlines() if "@jaxcc_collective" in line]
+  assert len(calls) == 2, text
+  first = re.match(r"\s*(%\S+?)(?::\d+)?\s*=", calls[0]).group(1)
+  assert "!stablehlo.token" in calls[0] and f"({first}#0," in calls[1], calls
+  y = f(x, x)
+  np.testing.assert_array_equal(np.asarray(y[0]), np.asarray(y[1]))

@@ -14,11 +14,50 @@ import jax
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import distributed as _distributed
+from jax._src import effects as _effects
 from jax._src.interpreters import ad, batching, mlir  # noqa: F401  (re-exported)
 from jax.extend.core import Primitive  # noqa: F401  (re-exported)
 
 NamedAxisEffect = _core.NamedAxisEffect
 Zero = ad.Zero
+
+
+class ProgramOrderEffect(_effects.Effect):
+  """The effect of every jaxcc collective: XLA threads one token through them all.
+
+  An ordered effect, so each device runs its jaxcc collectives in program
+  order (inside scans and conds too) and executions of jitted programs run
+  in dispatch order: the native executor's peers always meet in the same call.
+  """
+
+  def __str__(self):
+    return "jaxcc.ProgramOrder"
+
+
+PROGRAM_ORDER = ProgramOrderEffect()
+for _kind in (_effects.ordered_effects, _effects.shardable_ordered_effects,
+              _effects.lowerable_effects, _effects.control_flow_allowed_effects,
+              _effects.custom_derivatives_allowed_effects, _effects.remat_allowed_effects):
+  _kind.add_type(ProgramOrderEffect)
+
+
+def ordered_ffi_lowering(target: str, **kwargs) -> Callable:
+  """The lowering rule of an FFI call that takes and returns the ``PROGRAM_ORDER`` token.
+
+  The token is the call's first operand and first result; ``kwargs`` go to
+  ``jax.ffi.ffi_lowering`` (operand indices count the token).
+  """
+  lower = jax.ffi.ffi_lowering(target, **kwargs)
+
+  def rule(ctx, *args, **attrs):
+    token = ctx.tokens_in.get(PROGRAM_ORDER)
+    with_token = ctx.replace(avals_in=[_core.abstract_token, *ctx.avals_in],
+                             avals_out=[_core.abstract_token, *ctx.avals_out])
+    token, *outs = lower(with_token, token, *args, **attrs)
+    ctx.set_tokens_out(mlir.TokenSet({PROGRAM_ORDER: token}))
+    return outs
+
+  return rule
 
 
 def axis_size(axis_name, api_name: str) -> int:
@@ -136,13 +175,18 @@ def group_axes(axis_name: str) -> tuple[tuple[str, int], ...] | None:
 
 
 def register(prim, abstract_eval, run, transpose, batcher) -> None:
-  """Register an effectful abstract eval, lowerings, a linear transpose and a batcher.
+  """Register an effectful abstract eval (``PROGRAM_ORDER`` added), lowerings, a linear transpose
+  and a batcher.
 
   ``run(*args, native, **params)`` is the body lowered on every platform with
   ``native=False``, on the CPU with ``native=True`` and on CUDA GPUs with
   ``native="cuda"``.
   """
-  prim.def_effectful_abstract_eval(abstract_eval)
+  def ordered_abstract_eval(*args, **params):
+    out, effects = abstract_eval(*args, **params)
+    return out, effects | {PROGRAM_ORDER}
+
+  prim.def_effectful_abstract_eval(ordered_abstract_eval)
   prim.def_impl(_unmapped_impl(prim.name))
   mlir.register_lowering(prim, lower_in_axis_env(run, native=False))
   mlir.register_lowering(prim, lower_in_axis_env(run, native=True), platform="cpu")

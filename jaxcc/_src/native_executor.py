@@ -31,7 +31,7 @@ from jax import lax
 
 from jaxcc._src import compat, nccl_bootstrap, tcp_bootstrap
 from jaxcc._src import ffi as _ffi  # noqa: F401  (registers jaxcc_collective)
-from jaxcc.schedules.ir import DST, SRC, Schedule
+from jaxcc.schedules.ir import DST, LENGTH, SRC, Schedule
 from jaxcc.topology import Topology
 
 _op_ids = itertools.count(1)
@@ -100,16 +100,40 @@ def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
   group = jnp.int32(0)
   for name, size in group_axes:
     group = group * size + lax.axis_index(name).astype(jnp.int32)
-  out, _ = jax.ffi.ffi_call(
-      "jaxcc_collective",
-      (jax.ShapeDtypeStruct(buf.shape, buf.dtype), jax.ShapeDtypeStruct((), jnp.int32)),
-      has_side_effect=True, input_output_aliases={0: 0})(
-          buf, rank, group, jnp.int32(0),
-          table=np.ascontiguousarray(schedule.table.reshape(-1)),
-          num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
-          op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
-          name=schedule.collective, **attrs)
-  return out
+  attrs = {k: _ArrayAttr(v) if isinstance(v, np.ndarray) and v.ndim else v
+           for k, v in attrs.items()}
+  return collective_p.bind(
+      buf, rank, group, table=_ArrayAttr(np.ascontiguousarray(schedule.table.reshape(-1))),
+      num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
+      op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
+      name=schedule.collective, **attrs)
+
+
+class _ArrayAttr:
+  """An array attribute of the FFI call; hashable (by identity), as primitive params must be."""
+
+  __slots__ = ("array",)
+
+  def __init__(self, array: np.ndarray):
+    self.array = array
+
+
+# The FFI call as a primitive with jaxcc's ordered effect: its lowering takes and returns the
+# program-order token (the handler's first operand and result).
+collective_p = compat.Primitive("jaxcc_collective")
+collective_p.def_effectful_abstract_eval(
+    lambda buf, rank, group, **_: (buf, {compat.PROGRAM_ORDER}))
+_lower_ffi = compat.ordered_ffi_lowering("jaxcc_collective", operand_output_aliases={1: 1},
+                                         has_side_effect=True)
+
+
+def _lower_collective(ctx, *args, **attrs):
+  return _lower_ffi(ctx, *args, **{k: v.array if isinstance(v, _ArrayAttr) else v
+                                   for k, v in attrs.items()})
+
+
+for _platform in ("cpu", "cuda"):
+  compat.mlir.register_lowering(collective_p, _lower_collective, platform=_platform)
 
 
 def process_map(axis_name: str, group_axes: tuple[tuple[str, int], ...]) -> np.ndarray | None:
@@ -136,19 +160,27 @@ def process_map(axis_name: str, group_axes: tuple[tuple[str, int], ...]) -> np.n
 def pacing_rates(schedule: Schedule, topology: Topology) -> np.ndarray:
   """Pacing rates (bytes/s) per ordered rank pair, flat ``(p, p)``; empty if all ports are equal.
 
-  A rank's port is shared by the peers it exchanges with: the pair ``src ->
-  dst`` gets ``min(send[src] / fan_out[src], recv[dst] / fan_in[dst])``, so a
-  slow rank's links never queue behind faster traffic (research/testbed.md).
-  Equal ports need no pacing.
+  A rank's port is shared by the peers it exchanges with, in proportion to the
+  bytes the schedule moves between them: with ``v`` the bytes ``src -> dst``,
+  the pair gets ``min(send[src] v / out[src], recv[dst] v / in[dst])`` (``out``
+  and ``in`` the ranks' totals). The rates into or out of a port sum to at most
+  its bandwidth, so a slow rank's links never queue behind faster traffic
+  (research/testbed.md), and each pair can move its bytes within the time its
+  busier port needs for all of its own. Equal ports need no pacing.
   """
   send = np.asarray(topology.send_bandwidth, np.float64)
   recv = np.asarray(topology.recv_bandwidth, np.float64)
   if np.all(send == send[0]) and np.all(recv == send[0]):
     return _NONE
   p = schedule.nranks
-  pairs = np.zeros((p, p), bool)
-  pairs[schedule.table[:, SRC], schedule.table[:, DST]] = True
-  fan_out = np.maximum(pairs.sum(1), 1)
-  fan_in = np.maximum(pairs.sum(0), 1)
-  rates = np.minimum((send / fan_out)[:, None], (recv / fan_in)[None, :])
-  return np.ascontiguousarray(np.where(pairs, np.ceil(rates), 0).astype(np.int64).reshape(-1))
+  volume = np.zeros((p, p))
+  np.add.at(volume, (schedule.table[:, SRC], schedule.table[:, DST]), schedule.table[:, LENGTH])
+  out = np.maximum(volume.sum(1), 1)
+  into = np.maximum(volume.sum(0), 1)
+  rates = np.minimum((send / out)[:, None], (recv / into)[None, :]) * volume
+  import os  # TEMP EXPERIMENT
+  rates = rates * float(os.environ.get('JAXCC_PACING_SCALE', '1'))
+  fl = float(os.environ.get('JAXCC_PACING_FLOOR', '0'))
+  if fl: rates = np.where(volume > 0, np.maximum(rates, np.minimum(send[:, None], recv[None, :]) * fl / (p - 1)), 0)
+  if os.environ.get('JAXCC_PACING_OFF'): return _NONE
+  return np.ascontiguousarray(np.ceil(rates).astype(np.int64).reshape(-1))

@@ -4,10 +4,10 @@
 // when every rank of the group lives in this process, Tcp (steps overlapped,
 // jaxcc/dataflow.h: RunDataflow) when they span processes (`procs`).
 //
-// Operands: the rank's flat buffer (aliased with the result, so the schedule
-// runs in place), its rank and group (int32 scalars from lax.axis_index), and
-// an int32 order scalar: each jaxcc collective consumes the previous one's and
-// produces the next, so they run in program order on every device.
+// Operands: the program-order token (jaxcc's ordered effect: XLA threads it
+// through every jaxcc collective, so they run in program order on every
+// device), the rank's flat buffer (aliased with the result, so the schedule
+// runs in place) and its rank and group (int32 scalars from lax.axis_index).
 // Attributes `procs` (groups x nranks: the process of each rank of each group;
 // empty with one process) and `pacing` (nranks x nranks bytes/s per ordered
 // rank pair; empty: unpaced) and `codec` (0: raw pieces, else the codec id of
@@ -95,9 +95,9 @@ bool AllLocal(ffi::Span<const int64_t> procs, int64_t group, int64_t nranks) {
   return true;
 }
 
-ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank_buf,
-                          ffi::Buffer<ffi::S32> group_buf, ffi::Buffer<ffi::S32> order_in,
-                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::S32>> order_out,
+ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
+                          ffi::Buffer<ffi::S32> rank_buf, ffi::Buffer<ffi::S32> group_buf,
+                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                           ffi::Span<const int64_t> table, int64_t num_steps, int64_t nranks,
                           int64_t op_id, int64_t digest, std::string_view name,
                           ffi::Span<const int64_t> procs, ffi::Span<const int64_t> pacing,
@@ -105,7 +105,6 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::
   const std::string what = "jaxcc " + std::string(name) + " (op " + std::to_string(op_id) + ")";
   const int rank = rank_buf.typed_data()[0];
   const int64_t group = group_buf.typed_data()[0];
-  order_out->typed_data()[0] = order_in.typed_data()[0] + 1;
   const size_t itemsize = ffi::ByteWidth(x.element_type());
   const int64_t length = static_cast<int64_t>(x.element_count());
   char* buf = static_cast<char*>(y->untyped_data());
@@ -168,12 +167,12 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccCollective, jaxcc::CollectiveImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::RunId>()
+                                  .Arg<ffi::Token>()                 // program order in
                                   .Arg<ffi::AnyBuffer>()             // x: this rank's flat buffer
                                   .Arg<ffi::Buffer<ffi::S32>>()      // rank along the axis
                                   .Arg<ffi::Buffer<ffi::S32>>()      // group: which axis instance
-                                  .Arg<ffi::Buffer<ffi::S32>>()      // order in
+                                  .Ret<ffi::Token>()                 // program order out
                                   .Ret<ffi::AnyBuffer>()             // y: the result, aliases x
-                                  .Ret<ffi::Buffer<ffi::S32>>()      // order out
                                   .Attr<ffi::Span<const int64_t>>("table")
                                   .Attr<int64_t>("num_steps")
                                   .Attr<int64_t>("nranks")

@@ -267,9 +267,8 @@ class CudaKernels final : public Kernels {
 // --- the handler -------------------------------------------------------------------
 
 ffi::Error CollectiveImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t ordinal,
-                          ffi::AnyBuffer x, ffi::Buffer<ffi::S32>, ffi::Buffer<ffi::S32>,
-                          ffi::Buffer<ffi::S32> order_in, ffi::Result<ffi::AnyBuffer> y,
-                          ffi::Result<ffi::Buffer<ffi::S32>> order_out,
+                          ffi::Token, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>,
+                          ffi::Buffer<ffi::S32>, ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                           ffi::Span<const int64_t> table, int64_t num_steps, int64_t nranks,
                           int64_t op_id, int64_t, std::string_view name, ffi::Span<const int64_t>,
                           ffi::Span<const int64_t>, int64_t comm_key) {
@@ -302,11 +301,6 @@ ffi::Error CollectiveImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, in
   if (buf != x.untyped_data() && length > 0) {
     ce = cudaMemcpyAsync(buf, x.untyped_data(), length * itemsize, cudaMemcpyDeviceToDevice,
                          stream);
-  }
-  // The order token only carries the data dependency; its value is copied.
-  if (ce == cudaSuccess) {
-    ce = cudaMemcpyAsync(order_out->untyped_data(), order_in.untyped_data(), sizeof(int32_t),
-                         cudaMemcpyDeviceToDevice, stream);
   }
   if (ce != cudaSuccess) return fail("cudaMemcpyAsync" + who + ": " + CudaMessage(ce));
 
@@ -489,12 +483,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccCollectiveCuda, jaxcc::CollectiveImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::ScratchAllocator>()
                                   .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::Token>()                 // program order in
                                   .Arg<ffi::AnyBuffer>()             // x: this rank's flat buffer
                                   .Arg<ffi::Buffer<ffi::S32>>()      // rank (unused: the comm's)
                                   .Arg<ffi::Buffer<ffi::S32>>()      // group (unused: the comm's)
-                                  .Arg<ffi::Buffer<ffi::S32>>()      // order in
+                                  .Ret<ffi::Token>()                 // program order out
                                   .Ret<ffi::AnyBuffer>()             // y: the result, aliases x
-                                  .Ret<ffi::Buffer<ffi::S32>>()      // order out
                                   .Attr<ffi::Span<const int64_t>>("table")
                                   .Attr<int64_t>("num_steps")
                                   .Attr<int64_t>("nranks")
