@@ -5,7 +5,13 @@
 // elements for "fixed", 65536 for "entropy") in L1/L2-resident scratch.
 // Huffman sub-streams are coded and decoded four at a time, interleaved, so
 // the four dependency chains overlap; decoding takes up to six symbols per
-// table lookup from a 64-bit bit buffer refilled branch-free.
+// table lookup from a 64-bit bit buffer refilled branch-free, and joins each
+// group of four sub-streams with the other planes while it is in L1.
+//
+// Memory traffic sets much of the speed on large tensors, so each byte is
+// read from memory once: the checksum is summed block by block along with
+// the coding (just before a block is decoded, just after it is encoded), and
+// outputs of kStreamingBytes or more are written with streaming stores.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +19,14 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define JAXCC_CPU_AVX2 1
+#endif
 
 #include "codec_host.h"
 #include "jaxcc/codec.h"
@@ -58,28 +72,112 @@ struct Failure {
 // Checksum.
 // ---------------------------------------------------------------------------
 
-JAXCC_CPU_CLONES Checksum ComputeChecksum(const uint8_t* data, uint64_t nbytes) {
-  const uint64_t words = nbytes / 4;
+// Adds words [lo, hi) of data (all whole, none of them the checksum field)
+// to c: a += w_i, b += (2i + 1) w_i (mod 2^32). Eight words at a time with
+// vector adds only: over vectors V_0..V_{J-1}, S = sum V_t and T = sum of the
+// running S before each add = sum (J - 1 - t) V_t, so sum t V_t = (J - 1) S
+// - T, and word 8t + l of the range has index lo + 8t + l.
+typedef uint32_t U32x8 __attribute__((vector_size(32)));
+
+JAXCC_CPU_CLONES void AddWords(const uint8_t* data, uint64_t lo, uint64_t hi, Checksum* c) {
   uint32_t a = 0, b = 0;
-  for (uint64_t i = 0; i < words; ++i) {
+  const uint64_t vecs = (hi - lo) / 8;
+  if (vecs) {
+    const uint8_t* p = data + 4 * lo;
+    U32x8 s0 = {}, s1 = {}, t0 = {}, t1 = {};
+    uint64_t j = 0;
+    // Two independent pairs: (s0, t0) over the even vectors, (s1, t1) over
+    // the odd ones, each with its own t-weights (recombined below).
+    for (; j + 2 <= vecs; j += 2) {
+      U32x8 v0, v1;
+      std::memcpy(&v0, p + 32 * j, 32);
+      std::memcpy(&v1, p + 32 * j + 32, 32);
+      t0 += s0;
+      s0 += v0;
+      t1 += s1;
+      s1 += v1;
+    }
+    // Pair q = j / 2 steps: even vector t = 2u, odd t = 2u + 1 (u < q):
+    // sum_u u V_{2u} = (q - 1) s0 - t0, likewise for s1, t1.
+    const uint32_t q = static_cast<uint32_t>(j / 2);
+    U32x8 tw = (q - 1) * s0 - t0;  // sum u V_{2u}
+    U32x8 tw1 = (q - 1) * s1 - t1;  // sum u V_{2u+1}
+    // sum t V_t = sum 2u V_{2u} + sum (2u + 1) V_{2u+1}
+    U32x8 sum_tv = 2 * tw + 2 * tw1 + s1;
+    U32x8 s = s0 + s1;
+    if (j < vecs) {  // one vector left: t = j
+      U32x8 v;
+      std::memcpy(&v, p + 32 * j, 32);
+      sum_tv += static_cast<uint32_t>(j) * v;
+      s += v;
+    }
+    // sum i w_i = lo sum(S) + 8 sum_l sum_tv[l] + sum_l l S[l].
+    uint32_t sa = 0, stv = 0, sl = 0;
+    for (int l = 0; l < 8; ++l) {
+      sa += s[l];
+      stv += sum_tv[l];
+      sl += static_cast<uint32_t>(l) * s[l];
+    }
+    const uint32_t sum_iw = static_cast<uint32_t>(lo) * sa + 8 * stv + sl;
+    a += sa;
+    b += 2 * sum_iw + sa;
+  }
+  for (uint64_t i = lo + 8 * vecs; i < hi; ++i) {
     uint32_t w;
     std::memcpy(&w, data + 4 * i, 4);
     a += w;
     b += (2u * static_cast<uint32_t>(i) + 1u) * w;
   }
-  Checksum c{a, b};
-  for (uint64_t i = words; i < CeilDiv(nbytes, 4); ++i) ChecksumAdd(&c, ChecksumWord(data, nbytes, i), i);
-  // Take the checksum field back out.
-  for (uint64_t i = kChecksumOffset / 4; i < kChecksumOffset / 4 + 2 && i < words; ++i) {
-    const uint32_t w = Load32(data + 4 * i);
-    c.a -= w;
-    c.b -= (2u * static_cast<uint32_t>(i) + 1u) * w;
+  c->a += a;
+  c->b += b;
+}
+
+// The checksum of an encoding, summed a range at a time in any order: Upto
+// sums the whole words before a byte offset, Finish the rest (the last word
+// zero-padded).
+struct RunningChecksum {
+  const uint8_t* data;
+  uint64_t nbytes;
+  uint64_t done;  // words summed: [first, done)
+  Checksum c;
+
+  RunningChecksum(const uint8_t* d, uint64_t size, uint64_t first_word)
+      : data(d), nbytes(size), done(first_word) {}
+  void Upto(uint64_t offset) {
+    const uint64_t words = std::min(offset, nbytes) / 4;
+    if (words > done) {
+      AddWords(data, done, words, &c);
+      done = words;
+    }
   }
+  Checksum Finish() {
+    Upto(nbytes);
+    for (uint64_t i = done; i < CeilDiv(nbytes, 4); ++i) ChecksumAdd(&c, ChecksumWord(data, nbytes, i), i);
+    done = CeilDiv(nbytes, 4);
+    return c;
+  }
+};
+
+// Adds the words before `first_word` (header included, its checksum field
+// left out) to c.
+void AddHead(const uint8_t* data, uint64_t first_word, Checksum* c) {
+  const uint64_t field = kChecksumOffset / 4;
+  AddWords(data, 0, std::min(first_word, field), c);
+  if (first_word > field + 2) AddWords(data, field + 2, first_word, c);
+}
+
+Checksum ComputeChecksum(const uint8_t* data, uint64_t nbytes) {
+  const uint64_t head = std::min<uint64_t>(nbytes / 4, kChecksumOffset / 4 + 2);
+  RunningChecksum r(data, nbytes, head);
+  Checksum c = r.Finish();
+  AddHead(data, head, &c);
   return c;
 }
 
+// Writes the header and the checksum. body, if given, is the checksum of
+// words [body_word, end) of the encoding.
 void FinishHeader(uint8_t* out, CodecId codec, DTypeId dtype, int block_log2, uint64_t n,
-                  uint64_t nbytes) {
+                  uint64_t nbytes, const Checksum* body = nullptr, uint64_t body_word = 0) {
   Header h;
   h.codec = codec;
   h.dtype = dtype;
@@ -87,7 +185,13 @@ void FinishHeader(uint8_t* out, CodecId codec, DTypeId dtype, int block_log2, ui
   h.count = n;
   h.nbytes = nbytes;
   WriteHeader(out, h);
-  const Checksum c = ComputeChecksum(out, nbytes);
+  Checksum c;
+  if (body) {
+    c = *body;
+    AddHead(out, body_word, &c);
+  } else {
+    c = ComputeChecksum(out, nbytes);
+  }
   Store32(out + kChecksumOffset, c.a);
   Store32(out + kChecksumOffset + 4, c.b);
 }
@@ -101,9 +205,13 @@ const char* DTypeName(DTypeId d) {
   return "?";
 }
 
-// Checks the header, the size and the checksum of an encoding.
+constexpr char kChecksumMismatch[] = "checksum mismatch: the data is corrupted";
+
+// Checks the header, the size and (if verify_checksum) the checksum of an
+// encoding; *header gets the header.
 bool CheckEncoding(const uint8_t* data, uint64_t buffer_bytes, uint64_t nbytes_arg, CodecId codec,
-                   DTypeId dtype, int block_log2, uint64_t n, Failure* f) {
+                   DTypeId dtype, int block_log2, uint64_t n, Failure* f, Header* header,
+                   bool verify_checksum) {
   if (buffer_bytes < kHeaderBytes) {
     f->what = "truncated: the buffer holds " + std::to_string(buffer_bytes) +
               " bytes, less than the " + std::to_string(kHeaderBytes) + "-byte header";
@@ -139,13 +247,201 @@ bool CheckEncoding(const uint8_t* data, uint64_t buffer_bytes, uint64_t nbytes_a
               " bytes but the buffer holds " + std::to_string(buffer_bytes);
     return false;
   }
+  *header = h;
+  if (!verify_checksum) return true;
   const Checksum c = ComputeChecksum(data, h.nbytes);
   if (c.a != h.sum_a || c.b != h.sum_b) {
-    f->what = "checksum mismatch: the data is corrupted";
+    f->what = kChecksumMismatch;
     return false;
   }
   return true;
 }
+
+// ---------------------------------------------------------------------------
+// Joining planes into elements.
+// ---------------------------------------------------------------------------
+
+template <DTypeId D>
+JAXCC_CPU_CLONES void JoinBlock(const uint8_t* const* planes, uint32_t m,
+                                Bits<D>* __restrict out) {
+  const uint8_t* __restrict p0 = planes[0];
+  const uint8_t* __restrict p1 = planes[1];
+  if constexpr (D == kBF16) {
+    for (uint32_t i = 0; i < m; ++i) out[i] = static_cast<uint16_t>(Join<D>(p0[i], p1[i]));
+  } else if constexpr (D == kF16) {
+    const uint8_t* __restrict p2 = planes[2];
+    for (uint32_t i = 0; i < m; ++i) {
+      out[i] = static_cast<uint16_t>(Join<D>(p0[i] & 31u, p1[i], p2[i] & 7u));
+    }
+  } else {
+    const uint8_t* __restrict p2 = planes[2];
+    const uint8_t* __restrict p3 = planes[3];
+    for (uint32_t i = 0; i < m; ++i) out[i] = Join<D>(p0[i], p1[i], p2[i], p3[i]);
+  }
+}
+
+#if defined(__SSE2__)
+constexpr bool kHaveStreamingStores = true;
+
+// bf16 words from 16 exponents and 16 sign+mantissa bytes: with w = e << 8 |
+// sm, the word is (w >> 1 & 0x7f80) | (w & 0x7f) | (w & 0x80) << 8.
+inline void JoinBF16x16(__m128i e, __m128i sm, __m128i* lo, __m128i* hi) {
+  const __m128i k7f80 = _mm_set1_epi16(0x7f80), k7f = _mm_set1_epi16(0x7f),
+                k80 = _mm_set1_epi16(0x80);
+  auto join = [&](__m128i w) {
+    return _mm_or_si128(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(w, 1), k7f80),
+                                     _mm_and_si128(w, k7f)),
+                        _mm_slli_epi16(_mm_and_si128(w, k80), 8));
+  };
+  *lo = join(_mm_unpacklo_epi8(sm, e));
+  *hi = join(_mm_unpackhi_epi8(sm, e));
+}
+
+// JoinBlock for outputs too large for the caches: the words go to memory with
+// streaming stores (no read for ownership). bf16 and f32; the caller issues
+// the fence.
+template <DTypeId D>
+JAXCC_CPU_CLONES void JoinBlockStreamSSE2(const uint8_t* const* planes, uint32_t m,
+                                          Bits<D>* __restrict out) {
+  const uint8_t* __restrict p0 = planes[0];
+  const uint8_t* __restrict p1 = planes[1];
+  uint32_t i = 0;
+  if (reinterpret_cast<uintptr_t>(out) % sizeof(Bits<D>) == 0) {
+    const uint32_t head = std::min<uint32_t>(
+        m, static_cast<uint32_t>((16 - reinterpret_cast<uintptr_t>(out) % 16) % 16 / sizeof(Bits<D>)));
+    const uint8_t* planes_at[kMaxPlanes];
+    for (int k = 0; k < Info(D).planes; ++k) planes_at[k] = planes[k];
+    JoinBlock<D>(planes_at, head, out);
+    i = head;
+    if constexpr (D == kBF16) {
+      for (; i + 16 <= m; i += 16) {
+        __m128i lo, hi;
+        JoinBF16x16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + i)),
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + i)), &lo, &hi);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), lo);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 8), hi);
+      }
+    } else if constexpr (D == kF32) {
+      const uint8_t* __restrict p2 = planes[2];
+      const uint8_t* __restrict p3 = planes[3];
+      for (; i + 16 <= m; i += 16) {
+        __m128i hlo, hhi;  // the high halves: sign|exponent|m[22:16]
+        JoinBF16x16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + i)),
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p3 + i)), &hlo, &hhi);
+        const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + i));
+        const __m128i b2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p2 + i));
+        const __m128i llo = _mm_unpacklo_epi8(b1, b2), lhi = _mm_unpackhi_epi8(b1, b2);
+        __m128i* o = reinterpret_cast<__m128i*>(out + i);
+        _mm_stream_si128(o, _mm_unpacklo_epi16(llo, hlo));
+        _mm_stream_si128(o + 1, _mm_unpackhi_epi16(llo, hlo));
+        _mm_stream_si128(o + 2, _mm_unpacklo_epi16(lhi, hhi));
+        _mm_stream_si128(o + 3, _mm_unpackhi_epi16(lhi, hhi));
+      }
+    }
+  }
+  if (i < m) {
+    const uint8_t* planes_at[kMaxPlanes];
+    for (int k = 0; k < Info(D).planes; ++k) planes_at[k] = planes[k] + i;
+    JoinBlock<D>(planes_at, m - i, out + i);
+  }
+}
+
+#if defined(JAXCC_CPU_AVX2)
+// The high and low bytes of 32 bf16 words (or of the high halves of f32
+// words) from 32 exponents and 32 sign+mantissa bytes (see JoinBF16x16).
+__attribute__((target("avx2"), always_inline)) inline void JoinBF16Bytes32(__m256i e, __m256i sm,
+                                                                         __m256i* lo,
+                                                                         __m256i* hi) {
+  const __m256i k7f = _mm256_set1_epi8(0x7f), k80 = _mm256_set1_epi8(static_cast<char>(0x80));
+  *hi = _mm256_or_si256(_mm256_and_si256(sm, k80),
+                        _mm256_and_si256(_mm256_srli_epi16(e, 1), k7f));
+  *lo = _mm256_or_si256(_mm256_and_si256(sm, k7f),
+                        _mm256_and_si256(_mm256_slli_epi16(e, 7), k80));
+}
+
+__attribute__((target("avx2"), always_inline)) inline __m256i Load32B(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// JoinBlockStream with 32-byte vectors: 32 elements per step.
+template <DTypeId D>
+__attribute__((target("avx2"))) void JoinBlockStreamAVX2(const uint8_t* const* planes, uint32_t m,
+                                                         Bits<D>* __restrict out) {
+  const uint8_t* __restrict p0 = planes[0];
+  const uint8_t* __restrict p1 = planes[1];
+  uint32_t i = 0;
+  if (reinterpret_cast<uintptr_t>(out) % sizeof(Bits<D>) == 0) {
+    const uint32_t head = std::min<uint32_t>(
+        m, static_cast<uint32_t>((32 - reinterpret_cast<uintptr_t>(out) % 32) % 32 / sizeof(Bits<D>)));
+    const uint8_t* planes_at[kMaxPlanes];
+    for (int k = 0; k < Info(D).planes; ++k) planes_at[k] = planes[k];
+    JoinBlock<D>(planes_at, head, out);
+    i = head;
+    if constexpr (D == kBF16) {
+      for (; i + 32 <= m; i += 32) {
+        __m256i lo, hi;
+        JoinBF16Bytes32(Load32B(p0 + i), Load32B(p1 + i), &lo, &hi);
+        const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+        __m256i* o = reinterpret_cast<__m256i*>(out + i);
+        _mm256_stream_si256(o, _mm256_permute2x128_si256(a, b, 0x20));
+        _mm256_stream_si256(o + 1, _mm256_permute2x128_si256(a, b, 0x31));
+      }
+    } else if constexpr (D == kF32) {
+      const uint8_t* __restrict p2 = planes[2];
+      const uint8_t* __restrict p3 = planes[3];
+      for (; i + 32 <= m; i += 32) {
+        __m256i lo, hi;  // bytes 2 and 3
+        JoinBF16Bytes32(Load32B(p0 + i), Load32B(p3 + i), &lo, &hi);
+        const __m256i b0 = Load32B(p1 + i), b1 = Load32B(p2 + i);
+        const __m256i la = _mm256_unpacklo_epi8(b0, b1), lb = _mm256_unpackhi_epi8(b0, b1);
+        const __m256i ha = _mm256_unpacklo_epi8(lo, hi), hb = _mm256_unpackhi_epi8(lo, hi);
+        const __m256i x0 = _mm256_unpacklo_epi16(la, ha), x1 = _mm256_unpackhi_epi16(la, ha);
+        const __m256i x2 = _mm256_unpacklo_epi16(lb, hb), x3 = _mm256_unpackhi_epi16(lb, hb);
+        __m256i* o = reinterpret_cast<__m256i*>(out + i);
+        _mm256_stream_si256(o, _mm256_permute2x128_si256(x0, x1, 0x20));
+        _mm256_stream_si256(o + 1, _mm256_permute2x128_si256(x2, x3, 0x20));
+        _mm256_stream_si256(o + 2, _mm256_permute2x128_si256(x0, x1, 0x31));
+        _mm256_stream_si256(o + 3, _mm256_permute2x128_si256(x2, x3, 0x31));
+      }
+    }
+  }
+  if (i < m) {
+    const uint8_t* planes_at[kMaxPlanes];
+    for (int k = 0; k < Info(D).planes; ++k) planes_at[k] = planes[k] + i;
+    JoinBlock<D>(planes_at, m - i, out + i);
+  }
+}
+
+bool CpuHasAVX2() {
+  __builtin_cpu_init();  // this may run before libgcc's own constructor
+  return __builtin_cpu_supports("avx2");
+}
+const bool kHaveAVX2 = CpuHasAVX2();
+#endif
+
+template <DTypeId D>
+inline void JoinBlockStream(const uint8_t* const* planes, uint32_t m, Bits<D>* out) {
+#if defined(JAXCC_CPU_AVX2)
+  // Only from a 32-byte boundary: regular stores (of a head) next to
+  // streaming stores in one cache line cost far more than the join.
+  if (kHaveAVX2 && reinterpret_cast<uintptr_t>(out) % 32 == 0) {
+    return JoinBlockStreamAVX2<D>(planes, m, out);
+  }
+#endif
+  JoinBlockStreamSSE2<D>(planes, m, out);
+}
+inline void StreamingFence() { _mm_sfence(); }
+#else
+constexpr bool kHaveStreamingStores = false;
+template <DTypeId D>
+void JoinBlockStream(const uint8_t* const* planes, uint32_t m, Bits<D>* out) {
+  JoinBlock<D>(planes, m, out);
+}
+inline void StreamingFence() {}
+#endif
+
+// Outputs of at least this many bytes are written with streaming stores.
+constexpr uint64_t kStreamingBytes = uint64_t{8} << 20;
 
 // ---------------------------------------------------------------------------
 // "fixed".
@@ -239,9 +535,70 @@ JAXCC_CPU_CLONES uint64_t FixedEncode(const Bits<D>* x, uint64_t n, uint8_t* out
   return nbytes;
 }
 
+// The checksum of a "fixed" encoding, summed along with the decoding: the
+// words are split into regions (head and block table, codes, each plane,
+// spill) at the words that hold their first bytes, and each region is summed
+// up to where the decoding has got.
 template <DTypeId D>
-JAXCC_CPU_CLONES bool FixedDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y,
-                                  Failure* f) {
+struct FixedSum {
+  static constexpr int kRegions = D == kF32 ? 5 : D == kF16 ? 4 : 3;  // + the spill
+  const uint8_t* data;
+  uint64_t nbytes, n;
+  FixedLayout l;
+  uint64_t begin[kRegions + 1];  // word partition; begin[kRegions]: the spill
+  uint64_t done[kRegions];
+  Checksum c;
+
+  FixedSum(const uint8_t* d, uint64_t size, uint64_t count)
+      : data(d), nbytes(size), n(count), l(MakeFixedLayout(D, count)) {
+    uint64_t at[kRegions + 1] = {kHeaderBytes, l.codes, l.planes};
+    if constexpr (D == kF32) {
+      at[3] = l.planes + n;
+      at[4] = l.planes + 2 * n;
+    } else if constexpr (D == kF16) {
+      at[3] = l.packed3;
+    }
+    at[kRegions] = l.spill;
+    for (int r = 0; r <= kRegions; ++r) begin[r] = std::min(at[r], nbytes) / 4;
+    for (int r = 0; r < kRegions; ++r) done[r] = begin[r];
+    done[0] = begin[1];  // the head and the block table, summed in Finish
+  }
+  void Advance(int r, uint64_t offset) {
+    const uint64_t words = std::min(std::min(offset, nbytes) / 4, begin[r + 1]);
+    if (words > done[r]) {
+      AddWords(data, done[r], words, &c);
+      done[r] = words;
+    }
+  }
+  // The regions up to the data of elements [0, e).
+  void Upto(uint64_t e) {
+    Advance(1, l.codes + CeilDiv(e, 2));
+    if constexpr (D == kF32) {
+      for (int k = 0; k < 3; ++k) Advance(2 + k, l.planes + k * n + e);
+    } else if constexpr (D == kF16) {
+      Advance(2, l.planes + e);
+      Advance(3, l.packed3 + CeilDiv(3 * e, 8));
+    } else {
+      Advance(2, l.planes + e);
+    }
+  }
+  Checksum Finish() {
+    for (int r = 1; r < kRegions; ++r) Advance(r, nbytes);
+    RunningChecksum spill(data, nbytes, begin[kRegions]);
+    Checksum s = spill.Finish();
+    s.a += c.a;
+    s.b += c.b;
+    AddHead(data, begin[1], &s);
+    return s;
+  }
+};
+
+// Elements per step of the checksum in FixedDecode.
+constexpr uint64_t kFixedSumStep = 64 * kFixedBlock;
+
+template <DTypeId D>
+JAXCC_CPU_CLONES bool FixedDecodeBlocks(const uint8_t* in, uint64_t nbytes, uint64_t n,
+                                        Bits<D>* y, Failure* f, FixedSum<D>* sum) {
   constexpr DTypeInfo info = Info(D);
   const FixedLayout l = MakeFixedLayout(D, n);
   if (nbytes < l.static_bytes) {
@@ -251,9 +608,11 @@ JAXCC_CPU_CLONES bool FixedDecode(const uint8_t* in, uint64_t nbytes, uint64_t n
   }
   const uint8_t* spill = in + l.spill;
   uint64_t used = 0;
+  const bool streaming = kHaveStreamingStores && D != kF16 && n * sizeof(Bits<D>) >= kStreamingBytes;
   for (uint64_t blk = 0; blk < l.blocks; ++blk) {
     const uint64_t start = blk * kFixedBlock;
     const uint32_t m = static_cast<uint32_t>(std::min<uint64_t>(kFixedBlock, n - start));
+    if (start % kFixedSumStep == 0) sum->Upto(std::min(n, start + kFixedSumStep));
     const uint32_t base = in[l.table + 2 * blk];
     const uint32_t esc = in[l.table + 2 * blk + 1];
     const uint64_t need = FixedBlockSpill(D, esc, m);
@@ -301,14 +660,17 @@ JAXCC_CPU_CLONES bool FixedDecode(const uint8_t* in, uint64_t nbytes, uint64_t n
     }
     used += need;
     Bits<D>* out = y + start;
-    if constexpr (D == kBF16) {
-      const uint8_t* p1 = in + l.planes + start;
-      for (uint32_t i = 0; i < m; ++i) out[i] = static_cast<uint16_t>(Join<D>(e[i], p1[i]));
-    } else if constexpr (D == kF32) {
-      const uint8_t* p1 = in + l.planes + start;
-      const uint8_t* p2 = p1 + n;
-      const uint8_t* p3 = p2 + n;
-      for (uint32_t i = 0; i < m; ++i) out[i] = Join<D>(e[i], p1[i], p2[i], p3[i]);
+    if constexpr (D != kF16) {
+      const uint8_t* planes[kMaxPlanes] = {e, in + l.planes + start};
+      if constexpr (D == kF32) {
+        planes[2] = planes[1] + n;
+        planes[3] = planes[2] + n;
+      }
+      if (streaming) {
+        JoinBlockStream<D>(planes, m, out);
+      } else {
+        JoinBlock<D>(planes, m, out);
+      }
     } else {
       const uint8_t* p1 = in + l.planes + start;
       const uint8_t* p3 = in + l.packed3 + start / 8 * 3;
@@ -328,6 +690,21 @@ JAXCC_CPU_CLONES bool FixedDecode(const uint8_t* in, uint64_t nbytes, uint64_t n
     return false;
   }
   return true;
+}
+
+// Decodes and checks the checksum on the way (see EntropyDecode).
+template <DTypeId D>
+bool FixedDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, Failure* f,
+                 const Header& h) {
+  FixedSum<D> sum(in, nbytes, n);
+  const bool ok = FixedDecodeBlocks<D>(in, nbytes, n, y, f, &sum);
+  StreamingFence();
+  const Checksum c = sum.Finish();
+  if (c.a != h.sum_a || c.b != h.sum_b) {
+    f->what = kChecksumMismatch;
+    return false;
+  }
+  return ok;
 }
 
 // ---------------------------------------------------------------------------
@@ -365,20 +742,55 @@ JAXCC_CPU_CLONES uint8_t* EncodeSubStreams(const uint8_t* sym, uint64_t c, const
                                            const uint8_t* len, uint8_t* out, uint8_t* sizes_out) {
   const uint32_t subs = NumSubStreams(c);
   alignas(64) uint8_t tmp[4][kSubStreamBytes];
+  uint32_t cl[256];
+  for (int s = 0; s < 256; ++s) cl[s] = code[s] | uint32_t{len[s]} << 16;
   uint8_t* o = out;
   for (uint32_t s0 = 0; s0 < subs; s0 += 4) {
     const uint32_t k = std::min<uint32_t>(4, subs - s0);
     BitWriter w[4] = {{tmp[0]}, {tmp[1]}, {tmp[2]}, {tmp[3]}};
     const uint64_t first = uint64_t{s0} * kSubStream;
     if (k == 4 && first + 4 * kSubStream <= c) {
-      const uint8_t* q[4];
-      for (int j = 0; j < 4; ++j) q[j] = sym + first + j * kSubStream;
-      for (size_t i = 0; i < kSubStream; i += 4) {
+      // The four writers in locals (registers), a code and its length in one
+      // table entry, four symbols of each stream per load.
+      const uint8_t* q = sym + first;
+      uint8_t* p0 = tmp[0];
+      uint8_t* p1 = tmp[1];
+      uint8_t* p2 = tmp[2];
+      uint8_t* p3 = tmp[3];
+      uint64_t b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+      uint32_t n0 = 0, n1 = 0, n2 = 0, n3 = 0;
+      auto put4 = [cl](uint32_t four, uint64_t& b, uint32_t& nb) {
         for (int t = 0; t < 4; ++t) {
-          for (int j = 0; j < 4; ++j) w[j].Put(code[q[j][i + t]], len[q[j][i + t]]);
+          const uint32_t e = cl[(four >> (8 * t)) & 0xff];
+          b |= uint64_t{e & 0xffff} << nb;
+          nb += e >> 16;
         }
-        for (int j = 0; j < 4; ++j) w[j].Flush();
+      };
+      auto flush = [](uint8_t*& o, uint64_t& b, uint32_t& nb) {
+        StoreLE64(o, b);
+        o += nb >> 3;
+        b >>= nb & ~7u;
+        nb &= 7;
+      };
+      for (size_t i = 0; i < kSubStream; i += 4) {
+        uint32_t f0, f1, f2, f3;
+        std::memcpy(&f0, q + i, 4);
+        std::memcpy(&f1, q + kSubStream + i, 4);
+        std::memcpy(&f2, q + 2 * kSubStream + i, 4);
+        std::memcpy(&f3, q + 3 * kSubStream + i, 4);
+        put4(f0, b0, n0);
+        put4(f1, b1, n1);
+        put4(f2, b2, n2);
+        put4(f3, b3, n3);
+        flush(p0, b0, n0);
+        flush(p1, b1, n1);
+        flush(p2, b2, n2);
+        flush(p3, b3, n3);
       }
+      w[0] = {p0, b0, n0};
+      w[1] = {p1, b1, n1};
+      w[2] = {p2, b2, n2};
+      w[3] = {p3, b3, n3};
     } else {
       for (uint32_t j = 0; j < k; ++j) {
         const uint64_t lo = first + uint64_t{j} * kSubStream;
@@ -426,47 +838,102 @@ uint8_t* WritePlane(uint8_t* o, const uint8_t* sym, uint64_t c, const PlanePlan&
   return EncodeSubStreams(sym, c, code, len, o, sizes);
 }
 
-// Decoding tables: the single-symbol table of codec.h, and a multi-symbol
-// one whose entry holds the up to kMultiSymbols symbols that an 11-bit window
-// starts with: symbol k in bits [8k, 8k + 8), bits used << 48, count << 56.
+// Decoding tables. An entry of the multi-symbol table holds the up to
+// kMultiSymbols symbols that an 11-bit window starts with: the bits they use
+// in bits [0, 8) (at the bottom, so that shifting the bit buffer by the
+// entry needs no masking), symbol k in bits [8k + 8, 8k + 16), their count
+// in bits [56, 64). len holds the code lengths, to end a sub-stream exactly.
 constexpr uint32_t kMultiSymbols = 6;
 
 struct DecodeTables {
-  alignas(64) uint16_t single[kTableSize];
-  alignas(64) uint64_t multi[kTableSize];
+  // Level k (0..11) at [1 << k, 2 << k): the symbols that a k-bit window
+  // (higher bits zero) starts with, each whole within the k bits. Level 11
+  // is the table.
+  alignas(64) uint64_t multi[2 * kTableSize];
+  uint8_t len[256];
+  const uint64_t* Multi() const { return multi + kTableSize; }
+  // The bits of the first c symbols of entry e.
+  uint32_t Bits(uint64_t e, uint32_t c) const {
+    uint32_t bits = 0;
+    for (uint32_t i = 0; i < c; ++i) bits += len[(e >> (8 * i + 8)) & 0xff];
+    return bits;
+  }
 };
 
-void BuildMultiTable(DecodeTables* t) {
-  for (uint32_t v = 0; v < kTableSize; ++v) {
-    const uint32_t e = t->single[v];
-    uint64_t syms = e & 0xff;
-    uint32_t used = e >> 8, count = 1;
-    for (; count < kMultiSymbols; ++count) {
-      const uint32_t f = t->single[v >> used];  // the window's high bits are zero-filled
-      if (used + (f >> 8) > kMaxCodeLen) break;
-      syms |= uint64_t{f & 0xff} << (8 * count);
-      used += f >> 8;
+// Builds the tables from the lengths of symbols lo..hi; false unless they
+// form a complete code of lengths <= kMaxCodeLen. A level-k entry whose
+// window starts with symbol s (code c of length l) is s followed by the
+// level k - l entry of the rest: each level is, per symbol, a strided copy
+// of a lower one. The windows of a level that start with no whole code are
+// the k-bit prefixes of the longer codes (the code is prefix-free): those
+// are zeroed one by one.
+JAXCC_CPU_CLONES bool BuildTables(const uint8_t* len, uint32_t lo, uint32_t hi,
+                                  DecodeTables* t) {
+  uint32_t kraft = 0, minlen = kMaxCodeLen;
+  uint32_t nsym = 0;
+  uint8_t syms[256];
+  for (uint32_t s = lo; s <= hi; ++s) {
+    if (len[s] > kMaxCodeLen) return false;
+    if (len[s]) {
+      kraft += kTableSize >> len[s];
+      minlen = std::min<uint32_t>(minlen, len[s]);
+      syms[nsym++] = static_cast<uint8_t>(s);
     }
-    t->multi[v] = syms | uint64_t{used} << 48 | uint64_t{count} << 56;
   }
+  if (kraft != kTableSize) return false;
+  std::memcpy(t->len, len, 256);
+  uint16_t code[256];
+  CanonicalCodes(len, code);
+  uint64_t* m = t->multi;
+  m[1] = 0;
+  for (uint32_t k = 1; k <= kMaxCodeLen; ++k) {
+    uint64_t* dst = m + (1u << k);
+    for (uint32_t j = 0; j < nsym; ++j) {
+      const uint32_t s = syms[j], l = len[s];
+      if (l > k) dst[code[s] & ((1u << k) - 1)] = 0;
+    }
+    for (uint32_t j = 0; j < nsym; ++j) {
+      const uint32_t s = syms[j], l = len[s];
+      if (l > k) continue;
+      const uint32_t c = code[s], rest = 1u << (k - l);
+      const uint64_t* src = m + rest;
+      const uint64_t add = uint64_t{l} | uint64_t{s} << 8 | uint64_t{1} << 56;
+      constexpr uint64_t kSyms = 0x00ffffffffff0000ull, kKeep = 0xff000000000000ffull;
+      if (k - l < kMultiSymbols * minlen) {  // the rest holds < kMultiSymbols symbols
+        for (uint32_t w = 0; w < rest; ++w) {
+          const uint64_t e = src[w];
+          dst[c | w << l] = ((e << 8) & kSyms) + (e & kKeep) + add;
+        }
+      } else {
+        for (uint32_t w = 0; w < rest; ++w) {
+          uint64_t e = src[w];
+          if ((e >> 56) == kMultiSymbols) {  // keep kMultiSymbols - 1 of the rest
+            const uint32_t last = static_cast<uint32_t>(e >> (8 * kMultiSymbols)) & 0xff;
+            e = ((e & 0xff) - len[last]) | (e & 0x0000ffffffffff00ull) |
+                uint64_t{kMultiSymbols - 1} << 56;
+          }
+          dst[c | w << l] = ((e << 8) & kSyms) + (e & kKeep) + add;
+        }
+      }
+    }
+  }
+  return true;
 }
 
-// One sub-stream being decoded: a 64-bit LSB-first bit buffer over the input,
-// and the output range it fills.
+// One sub-stream being decoded: a 64-bit LSB-first bit buffer over the input
+// and the symbols still to produce.
 struct Stream {
   const uint8_t* p;
   uint64_t buf;
   uint32_t nb;
+  uint32_t rem;
   uint8_t* out;
-  uint8_t* end;
 
   // Tops the buffer up to >= 56 bits: five lookups of <= 11 bits. Reads 8
   // bytes at a time while they lie before `limit`, zeros past it.
-  inline void Refill(const uint8_t* limit) {
+  __attribute__((always_inline)) inline void Refill(const uint8_t* limit) {
     if (p + 8 <= limit) {
-      buf |= LoadLE64(p) << nb;
-      p += (63 - nb) >> 3;
-      nb |= 56;
+      RefillFast();
     } else {
       while (nb <= 56) {
         buf |= uint64_t{p < limit ? *p : uint8_t{0}} << nb;
@@ -475,93 +942,187 @@ struct Stream {
       }
     }
   }
-  // Up to kMultiSymbols symbols; needs end - out >= 8 (it stores 8 bytes).
-  inline void Multi(const uint64_t* multi) {
-    const uint64_t e = multi[buf & (kTableSize - 1)];
-    std::memcpy(out, &e, 8);
-    out += e >> 56;
-    const uint32_t bits = (e >> 48) & 15;
+  __attribute__((always_inline)) inline void RefillFast() {
+    buf |= LoadLE64(p) << nb;
+    p += (63 - nb) >> 3;
+    nb |= 56;
+  }
+  // Up to rem symbols and the bits of exactly those; stores nothing past
+  // the rem symbols.
+  __attribute__((always_inline)) inline void Exact(const DecodeTables& t, const uint8_t* limit) {
+    if (nb < kMaxCodeLen) Refill(limit);
+    const uint32_t v = static_cast<uint32_t>(buf & (kTableSize - 1));
+    const uint64_t e = t.Multi()[v];
+    uint32_t c = static_cast<uint32_t>(e >> 56);
+    uint32_t bits = static_cast<uint32_t>(e) & 15;
+    if (rem >= 8) {
+      StoreLE64(out, e >> 8);
+    } else {
+      if (c > rem) {
+        c = rem;
+        bits = t.Bits(e, c);
+      }
+      for (uint32_t i = 0; i < c; ++i) out[i] = static_cast<uint8_t>(e >> (8 * i + 8));
+    }
+    out += c;
+    rem -= c;
     buf >>= bits;
     nb -= bits;
   }
-  inline void Single(const uint16_t* single) {
-    const uint32_t e = single[buf & (kTableSize - 1)];
-    *out++ = static_cast<uint8_t>(e);
-    buf >>= e >> 8;
-    nb -= e >> 8;
+};
+
+// A sub-stream in the fast loop: the bit buffer holds its valid bits and a
+// 1 just above them (so their count is 63 - clz).
+struct FastStream {
+  const uint8_t* p;
+  uint64_t buf;
+  uint8_t* out;
+
+  // Tops the buffer up to >= 56 bits; needs 8 readable bytes at p.
+  __attribute__((always_inline)) inline void Refill() {
+    const uint32_t lz = static_cast<uint32_t>(__builtin_clzll(buf));
+    const uint32_t nv = 63 - lz, top = nv | 56;
+    const uint64_t b = (buf & ((uint64_t{1} << nv) - 1)) | LoadLE64(p) << nv;
+    buf = (b & ((uint64_t{1} << top) - 1)) | uint64_t{1} << top;
+    p += lz >> 3;
   }
-  // Decodes whatever is left of this stream on its own.
-  inline void Finish(const DecodeTables& t, const uint8_t* limit) {
-    while (end - out >= 8) {
-      if (nb < kMaxCodeLen) Refill(limit);
-      Multi(t.multi);
-    }
-    while (out < end) {
-      if (nb < kMaxCodeLen) Refill(limit);
-      Single(t.single);
-    }
+  __attribute__((always_inline)) inline void Multi(const uint64_t* multi) {
+    const uint64_t e = multi[buf & (kTableSize - 1)];
+    StoreLE64(out, e >> 8);
+    out += e >> 56;
+    buf >>= (e & 63);
+  }
+  // Back to a Stream (the count of valid bits instead of the marker).
+  inline void To(Stream* s) const {
+    const uint32_t nv = 63 - static_cast<uint32_t>(__builtin_clzll(buf));
+    s->p = p;
+    s->buf = buf & ((uint64_t{1} << nv) - 1);
+    s->nb = nv;
+    s->out = out;
   }
 };
 
-// Decodes the sub-streams of a Huffman plane of c symbols, four at a time.
-JAXCC_CPU_CLONES bool DecodeSubStreams(const uint8_t* data, const uint8_t* sizes,
-                                       const uint8_t* limit, const DecodeTables& t, uint64_t c,
-                                       uint8_t* out) {
-  const uint32_t subs = NumSubStreams(c);
-  const uint8_t* p = data;
-  for (uint32_t s0 = 0; s0 < subs; s0 += 4) {
-    const uint32_t k = std::min<uint32_t>(4, subs - s0);
-    Stream r[4];
-    const uint8_t* start[4];
-    uint64_t size[4];
-    for (uint32_t j = 0; j < 4; ++j) {
-      const uint32_t sub = s0 + std::min(j, k - 1);  // missing streams repeat the last one
-      const uint64_t lo = uint64_t{sub} * kSubStream;
-      size[j] = sizes[2 * sub] | uint64_t{sizes[2 * sub + 1]} << 8;
-      start[j] = j < k ? p : start[k - 1];
-      if (j < k) {
-        if (size[j] > uint64_t(limit - p)) return false;
-        p += size[j];
-      }
-      r[j] = {start[j], 0, 0, out + lo, out + std::min<uint64_t>(c, lo + kSubStream)};
-    }
-    if (k == 4) {
-      auto room = [&] {
-        return std::min(std::min(r[0].end - r[0].out, r[1].end - r[1].out),
-                        std::min(r[2].end - r[2].out, r[3].end - r[3].out));
-      };
-      while (room() >= 4 * kMultiSymbols + 8) {  // five lookups, each storing 8 bytes
-        for (int j = 0; j < 4; ++j) r[j].Refill(limit);
+// Decodes up to four sub-streams, k of them, into out (stream j at
+// out + j * kSubStream, counts[j] symbols, from start[j], size[j] bytes);
+// writes nothing past their symbols. False if a sub-stream does not end
+// exactly at its size.
+JAXCC_CPU_CLONES bool DecodeGroup(const uint8_t* const* start, const uint64_t* size,
+                                  const uint32_t* counts, uint32_t k, const uint8_t* limit,
+                                  const DecodeTables& t, uint8_t* out) {
+  // Missing streams repeat the last one (the same bytes to the same places).
+  const uint32_t i1 = std::min(1u, k - 1), i2 = std::min(2u, k - 1), i3 = k - 1;
+  Stream s0{start[0], 0, 0, counts[0], out};
+  Stream s1{start[i1], 0, 0, counts[i1], out + i1 * kSubStream};
+  Stream s2{start[i2], 0, 0, counts[i2], out + i2 * kSubStream};
+  Stream s3{start[i3], 0, 0, counts[i3], out + i3 * kSubStream};
+  // While a stream has symbols left it has made < kSubStream lookups of
+  // <= 11 bits, so it reads nothing at or past start + kSubStreamBytes.
+  if (kSubStreamBytes <= uint64_t(limit - start[i3])) {
+    const uint64_t* multi = t.Multi();
+    // A round is five lookups per stream, each of up to kMultiSymbols
+    // symbols; the last stores 8 bytes from the 25th symbol on.
+    constexpr uint32_t kRound = 4 * kMultiSymbols + 8;
+    // Here the bit buffers carry a marker bit above their valid bits instead
+    // of a count, so that four streams fit in the registers.
+    FastStream f0{s0.p, 1, s0.out}, f1{s1.p, 1, s1.out}, f2{s2.p, 1, s2.out}, f3{s3.p, 1, s3.out};
+    for (;;) {
+      uint32_t rounds = std::min(std::min(s0.rem, s1.rem), std::min(s2.rem, s3.rem)) / kRound;
+      if (!rounds) break;
+      uint8_t* b0 = f0.out;
+      uint8_t* b1 = f1.out;
+      uint8_t* b2 = f2.out;
+      uint8_t* b3 = f3.out;
+      do {
+        f0.Refill();
+        f1.Refill();
+        f2.Refill();
+        f3.Refill();
         for (int i = 0; i < 5; ++i) {
-          for (int j = 0; j < 4; ++j) r[j].Multi(t.multi);
+          f0.Multi(multi);
+          f1.Multi(multi);
+          f2.Multi(multi);
+          f3.Multi(multi);
         }
-      }
+      } while (--rounds);
+      s0.rem -= static_cast<uint32_t>(f0.out - b0);
+      s1.rem -= static_cast<uint32_t>(f1.out - b1);
+      s2.rem -= static_cast<uint32_t>(f2.out - b2);
+      s3.rem -= static_cast<uint32_t>(f3.out - b3);
     }
-    for (uint32_t j = 0; j < k; ++j) {
-      r[j].Finish(t, limit);
-      const uint64_t consumed = 8 * uint64_t(r[j].p - start[j]) - r[j].nb;
-      if (CeilDiv(consumed, 8) != size[j]) return false;
-    }
+    f0.To(&s0);
+    f1.To(&s1);
+    f2.To(&s2);
+    f3.To(&s3);
+  }
+  while (s0.rem | s1.rem | s2.rem | s3.rem) {
+    if (s0.rem) s0.Exact(t, limit);
+    if (s1.rem) s1.Exact(t, limit);
+    if (s2.rem) s2.Exact(t, limit);
+    if (s3.rem) s3.Exact(t, limit);
+  }
+  const Stream* s[4] = {&s0, &s1, &s2, &s3};
+  for (uint32_t j = 0; j < k; ++j) {
+    const uint64_t consumed = 8 * uint64_t(s[j]->p - start[j]) - s[j]->nb;
+    if (CeilDiv(consumed, 8) != size[j]) return false;
   }
   return true;
 }
 
-// Reads one plane of c symbols. *sym points at them afterwards: into the
-// input for a raw plane, else into `scratch` (c bytes). Returns the end
-// of the plane, or nullptr if it is malformed.
-const uint8_t* ReadPlane(const uint8_t* p, const uint8_t* end, const uint8_t* limit, uint64_t c,
-                         uint8_t* scratch, const uint8_t** sym, DecodeTables* t) {
+// Symbols per group of four sub-streams.
+constexpr uint32_t kGroup = 4 * kSubStream;
+
+// Decodes the sub-streams of a Huffman plane of c symbols four at a time;
+// group g goes to out(g * kGroup) (room for min(kGroup, c - g * kGroup)
+// symbols), then emit(g * kGroup, that count) runs.
+template <typename Out, typename Emit>
+inline bool DecodeSubStreams(const uint8_t* data, const uint8_t* sizes, const uint8_t* limit,
+                             const DecodeTables& t, uint64_t c, Out&& out, Emit&& emit) {
+  const uint32_t subs = NumSubStreams(c);
+  const uint8_t* p = data;
+  for (uint32_t s0 = 0; s0 < subs; s0 += 4) {
+    const uint32_t k = std::min<uint32_t>(4, subs - s0);
+    const uint64_t first = uint64_t{s0} * kSubStream;
+    const uint8_t* start[4];
+    uint64_t size[4];
+    uint32_t counts[4];
+    for (uint32_t j = 0; j < k; ++j) {
+      const uint32_t sub = s0 + j;
+      size[j] = sizes[2 * sub] | uint64_t{sizes[2 * sub + 1]} << 8;
+      if (size[j] > uint64_t(limit - p)) return false;
+      start[j] = p;
+      p += size[j];
+      counts[j] = static_cast<uint32_t>(std::min<uint64_t>(c - first - j * kSubStream, kSubStream));
+    }
+    if (!DecodeGroup(start, size, counts, k, limit, t, out(first))) return false;
+    emit(first, static_cast<uint32_t>(std::min<uint64_t>(c - first, kGroup)));
+  }
+  return true;
+}
+
+// A parsed plane of c symbols: raw (data), constant (symbol) or Huffman
+// (sub-stream sizes and data; the tables built).
+struct PlaneView {
+  uint8_t kind;
+  uint8_t symbol;
+  const uint8_t* data;
+  const uint8_t* sizes;
+};
+
+// Parses one plane of c symbols (building the decoding tables of a Huffman
+// plane); returns its end, or nullptr if it is malformed.
+const uint8_t* ParsePlane(const uint8_t* p, const uint8_t* end, uint64_t c, PlaneView* v,
+                          DecodeTables* t) {
   if (p >= end) return nullptr;
   const uint8_t kind = *p++;
+  v->kind = kind;
   if (kind == kRawPlane) {
     if (c > uint64_t(end - p)) return nullptr;
-    *sym = p;
+    v->data = p;
     return p + c;
   }
-  *sym = scratch;
   if (kind == kConstant) {
     if (p >= end || c == 0) return nullptr;
-    std::memset(scratch, *p, c);
+    v->symbol = *p;
     return p + 1;
   }
   if (kind != kHuffman || end - p < 2 || c == 0) return nullptr;
@@ -574,17 +1135,39 @@ const uint8_t* ReadPlane(const uint8_t* p, const uint8_t* end, const uint8_t* li
   }
   if ((hi - lo) % 2 == 0 && (p[(hi - lo) / 2] >> 4)) return nullptr;  // nonzero pad nibble
   p += TableBytes(lo, hi) - 2;
-  if (!BuildDecodeTable(len, lo, hi, t->single)) return nullptr;
-  BuildMultiTable(t);
+  if (!BuildTables(len, lo, hi, t)) return nullptr;
   const uint32_t subs = NumSubStreams(c);
   if (2 * uint64_t{subs} > uint64_t(end - p)) return nullptr;
-  const uint8_t* sizes = p;
+  v->sizes = p;
   p += 2 * subs;
   uint64_t total = 0;
-  for (uint32_t j = 0; j < subs; ++j) total += sizes[2 * j] | uint64_t{sizes[2 * j + 1]} << 8;
+  for (uint32_t j = 0; j < subs; ++j) total += v->sizes[2 * j] | uint64_t{v->sizes[2 * j + 1]} << 8;
   if (total > uint64_t(end - p)) return nullptr;
-  if (!DecodeSubStreams(p, sizes, limit, *t, c, scratch)) return nullptr;
+  v->data = p;
   return p + total;
+}
+
+// Reads one plane of c symbols. *sym points at them afterwards: into the
+// input for a raw plane, else into `scratch` (c bytes). Returns the end
+// of the plane, or nullptr if it is malformed.
+const uint8_t* ReadPlane(const uint8_t* p, const uint8_t* end, const uint8_t* limit, uint64_t c,
+                         uint8_t* scratch, const uint8_t** sym, DecodeTables* t) {
+  PlaneView v;
+  p = ParsePlane(p, end, c, &v, t);
+  if (!p) return nullptr;
+  if (v.kind == kRawPlane) {
+    *sym = v.data;
+    return p;
+  }
+  *sym = scratch;
+  if (v.kind == kConstant) {
+    std::memset(scratch, v.symbol, c);
+    return p;
+  }
+  const bool ok = DecodeSubStreams(
+      v.data, v.sizes, limit, *t, c, [scratch](uint64_t first) { return scratch + first; },
+      [](uint64_t, uint32_t) {});
+  return ok ? p : nullptr;
 }
 
 // Per-block scratch of the entropy coder, one per thread, kept between calls.
@@ -594,6 +1177,7 @@ struct EntropyScratch {
   std::vector<uint8_t> bitmap;
   std::vector<uint32_t> joined;
   DecodeTables tables;
+  alignas(64) uint8_t group[kGroup];
   EntropyScratch() {
     for (int p = 0; p < kMaxPlanes; ++p) {
       planes[p].resize(kEntropyBlock);
@@ -662,8 +1246,15 @@ void Histogram(const uint8_t* s, uint32_t m, uint32_t* hist) {
   }
 }
 
+// The first word of the blocks of an entropy encoding.
+inline uint64_t EntropyBodyWord(uint64_t n) {
+  return (kHeaderBytes + 4 * CeilDiv(n, kEntropyBlock)) / 4;
+}
+
+// Returns the size; *body gets the checksum of the words from
+// EntropyBodyWord(n) on.
 template <DTypeId D>
-uint64_t EntropyEncode(const Bits<D>* x, uint64_t n, uint8_t* out) {
+uint64_t EntropyEncode(const Bits<D>* x, uint64_t n, uint8_t* out, Checksum* body) {
   constexpr int kPlanes = D == kF32 ? 4 : D == kF16 ? 3 : 2;
   constexpr uint32_t kElemBytes = sizeof(Bits<D>);
   const uint64_t blocks = CeilDiv(n, kEntropyBlock);
@@ -671,6 +1262,7 @@ uint64_t EntropyEncode(const Bits<D>* x, uint64_t n, uint8_t* out) {
   uint8_t* planes[kMaxPlanes];
   for (int p = 0; p < kMaxPlanes; ++p) planes[p] = sc.planes[p].data();
   uint8_t* o = out + kHeaderBytes + 4 * blocks;
+  RunningChecksum sum(out, ~uint64_t{0}, EntropyBodyWord(n));
   for (uint64_t blk = 0; blk < blocks; ++blk) {
     const uint64_t start = blk * kEntropyBlock;
     const uint32_t m = static_cast<uint32_t>(std::min<uint64_t>(kEntropyBlock, n - start));
@@ -752,31 +1344,17 @@ uint64_t EntropyEncode(const Bits<D>* x, uint64_t n, uint8_t* out) {
       }
     }
     Store32(out + kHeaderBytes + 4 * blk, static_cast<uint32_t>(o - block_start));
+    sum.Upto(o - out);  // while the block is in the cache
   }
-  return static_cast<uint64_t>(o - out);
+  sum.nbytes = static_cast<uint64_t>(o - out);
+  *body = sum.Finish();
+  return sum.nbytes;
 }
 
-template <DTypeId D>
-JAXCC_CPU_CLONES void JoinBlock(const uint8_t* const* planes, uint32_t m,
-                                Bits<D>* __restrict out) {
-  const uint8_t* __restrict p0 = planes[0];
-  const uint8_t* __restrict p1 = planes[1];
-  if constexpr (D == kBF16) {
-    for (uint32_t i = 0; i < m; ++i) out[i] = static_cast<uint16_t>(Join<D>(p0[i], p1[i]));
-  } else if constexpr (D == kF16) {
-    const uint8_t* __restrict p2 = planes[2];
-    for (uint32_t i = 0; i < m; ++i) {
-      out[i] = static_cast<uint16_t>(Join<D>(p0[i] & 31u, p1[i], p2[i] & 7u));
-    }
-  } else {
-    const uint8_t* __restrict p2 = planes[2];
-    const uint8_t* __restrict p3 = planes[3];
-    for (uint32_t i = 0; i < m; ++i) out[i] = Join<D>(p0[i], p1[i], p2[i], p3[i]);
-  }
-}
 
 template <DTypeId D>
-bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, Failure* f) {
+bool EntropyDecodeBlocks(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, Failure* f,
+                         RunningChecksum* sum) {
   constexpr int kPlanes = D == kF32 ? 4 : D == kF16 ? 3 : 2;
   constexpr uint32_t kElemBytes = sizeof(Bits<D>);
   const uint64_t blocks = CeilDiv(n, kEntropyBlock);
@@ -790,6 +1368,14 @@ bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, F
   Bits<D>* joined = reinterpret_cast<Bits<D>*>(sc.joined.data());
   DecodeTables* tables = &sc.tables;
   const uint8_t* sym[kMaxPlanes];
+  const bool streaming = kHaveStreamingStores && D != kF16 && n * kElemBytes >= kStreamingBytes;
+  auto join = [streaming](const uint8_t* const* planes, uint32_t count, Bits<D>* dst) {
+    if (streaming) {
+      JoinBlockStream<D>(planes, count, dst);
+    } else {
+      JoinBlock<D>(planes, count, dst);
+    }
+  };
   for (uint64_t blk = 0; blk < blocks; ++blk) {
     const uint64_t start = blk * kEntropyBlock;
     const uint32_t m = static_cast<uint32_t>(std::min<uint64_t>(kEntropyBlock, n - start));
@@ -800,6 +1386,7 @@ bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, F
       return false;
     }
     const uint8_t* end = p + size;
+    sum->Upto(end - in);  // the block's bytes, into the cache before decoding them
     const uint8_t kind = *p++;
     Bits<D>* out = y + start;
     if (kind == kRawBlock) {
@@ -812,6 +1399,35 @@ bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, F
       continue;
     }
     if (kind == kDense) {
+      // A Huffman exponent plane followed by raw or constant planes (the
+      // usual case) is decoded four sub-streams at a time and joined with
+      // them while the exponents are in L1.
+      PlaneView exp;
+      const uint8_t* q = ParsePlane(p, end, m, &exp, tables);
+      bool fused = q && exp.kind == kHuffman;
+      for (int k = 1; k < kPlanes && fused; ++k) {
+        if (q >= end || *q == kHuffman) {
+          fused = false;
+        } else {
+          q = ReadPlane(q, end, limit, m, sc.planes[k].data(), &sym[k], tables);
+          fused = q != nullptr;
+        }
+      }
+      if (fused) {
+        const bool ok = q == end && DecodeSubStreams(
+            exp.data, exp.sizes, limit, *tables, m, [&](uint64_t) { return sc.group; },
+            [&](uint64_t first, uint32_t count) {
+              const uint8_t* planes[kMaxPlanes] = {sc.group};
+              for (int k = 1; k < kPlanes; ++k) planes[k] = sym[k] + first;
+              join(planes, count, out + first);
+            });
+        if (!ok) {
+          f->what = "corrupted plane" + where();
+          return false;
+        }
+        p = end;
+        continue;
+      }
       for (int k = 0; k < kPlanes && p; ++k) {
         p = ReadPlane(p, end, limit, m, sc.planes[k].data(), &sym[k], tables);
       }
@@ -819,7 +1435,7 @@ bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, F
         f->what = "corrupted plane" + where();
         return false;
       }
-      JoinBlock<D>(sym, m, out);
+      join(sym, m, out);
       continue;
     }
     if (kind != kSparse || end - p < 4) {
@@ -858,6 +1474,26 @@ bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, F
     return false;
   }
   return true;
+}
+
+template <DTypeId D>
+// Decodes and checks the checksum on the way (block by block, each just
+// before it is decoded): a checksum mismatch is the error whenever there is
+// one, as if it had been checked first; the decoder never reads or writes
+// out of bounds on any input.
+bool EntropyDecode(const uint8_t* in, uint64_t nbytes, uint64_t n, Bits<D>* y, Failure* f,
+                   const Header& h) {
+  const uint64_t head = kChecksumOffset / 4 + 2;
+  RunningChecksum sum(in, nbytes, head);
+  const bool ok = EntropyDecodeBlocks<D>(in, nbytes, n, y, f, &sum);
+  StreamingFence();
+  Checksum c = sum.Finish();
+  AddHead(in, head, &c);
+  if (c.a != h.sum_a || c.b != h.sum_b) {
+    f->what = kChecksumMismatch;
+    return false;
+  }
+  return ok;
 }
 
 // ---------------------------------------------------------------------------
@@ -903,36 +1539,40 @@ uint64_t EncodeOnHost(CodecId c, DTypeId d, const void* x, uint64_t n, uint8_t* 
       case kF16: size = FixedEncode<kF16>(static_cast<const uint16_t*>(x), n, out); break;
       case kF32: size = FixedEncode<kF32>(static_cast<const uint32_t*>(x), n, out); break;
     }
+    FinishHeader(out, c, d, kFixedBlockLog2, n, size);
   } else {
+    Checksum body;
     switch (d) {
-      case kBF16: size = EntropyEncode<kBF16>(static_cast<const uint16_t*>(x), n, out); break;
-      case kF16: size = EntropyEncode<kF16>(static_cast<const uint16_t*>(x), n, out); break;
-      case kF32: size = EntropyEncode<kF32>(static_cast<const uint32_t*>(x), n, out); break;
+      case kBF16: size = EntropyEncode<kBF16>(static_cast<const uint16_t*>(x), n, out, &body); break;
+      case kF16: size = EntropyEncode<kF16>(static_cast<const uint16_t*>(x), n, out, &body); break;
+      case kF32: size = EntropyEncode<kF32>(static_cast<const uint32_t*>(x), n, out, &body); break;
     }
+    FinishHeader(out, c, d, kEntropyBlockLog2, n, size, &body, EntropyBodyWord(n));
   }
-  FinishHeader(out, c, d, c == kFixed ? kFixedBlockLog2 : kEntropyBlockLog2, n, size);
   return size;
 }
 
 std::string DecodeOnHost(CodecId c, DTypeId d, const uint8_t* in, uint64_t buffer_bytes,
                          uint64_t nbytes, uint64_t n, void* y) {
   Failure f;
+  Header h;
   if (!CheckEncoding(in, buffer_bytes, nbytes, c, d,
-                     c == kFixed ? kFixedBlockLog2 : kEntropyBlockLog2, n, &f)) {
+                     c == kFixed ? kFixedBlockLog2 : kEntropyBlockLog2, n, &f, &h,
+                     /*verify_checksum=*/false)) {
     return f.what;
   }
   bool ok = false;
   if (c == kFixed) {
     switch (d) {
-      case kBF16: ok = FixedDecode<kBF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f); break;
-      case kF16: ok = FixedDecode<kF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f); break;
-      case kF32: ok = FixedDecode<kF32>(in, nbytes, n, static_cast<uint32_t*>(y), &f); break;
+      case kBF16: ok = FixedDecode<kBF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f, h); break;
+      case kF16: ok = FixedDecode<kF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f, h); break;
+      case kF32: ok = FixedDecode<kF32>(in, nbytes, n, static_cast<uint32_t*>(y), &f, h); break;
     }
   } else {
     switch (d) {
-      case kBF16: ok = EntropyDecode<kBF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f); break;
-      case kF16: ok = EntropyDecode<kF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f); break;
-      case kF32: ok = EntropyDecode<kF32>(in, nbytes, n, static_cast<uint32_t*>(y), &f); break;
+      case kBF16: ok = EntropyDecode<kBF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f, h); break;
+      case kF16: ok = EntropyDecode<kF16>(in, nbytes, n, static_cast<uint16_t*>(y), &f, h); break;
+      case kF32: ok = EntropyDecode<kF32>(in, nbytes, n, static_cast<uint32_t*>(y), &f, h); break;
     }
   }
   return ok ? "" : f.what;
