@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 import jaxcc
 from jaxcc import Topology
 from jaxcc._src import native_executor
+from jaxcc.schedules.ir import DST, SRC
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 SEED = np.random.SeedSequence().entropy
@@ -178,3 +179,19 @@ def test_one_token_orders_every_native_call_of_a_program():
   assert "!stablehlo.token" in calls[0] and f"({first}#0," in calls[1], calls
   y = f(x, x)
   np.testing.assert_array_equal(np.asarray(y[0]), np.asarray(y[1]))
+
+
+def test_pacing_splits_each_port_by_bytes_with_a_floor():
+  """Pairs share a port by the bytes they carry; none is paced below half an even split."""
+  topo = Topology.uniform(4, 25e6).with_straggler(1, 0.5).with_straggler(3, 0.5)
+  optcc = jaxcc.plan("all_reduce", 8 << 20, topo, algorithm="optcc")  # owners 0, 2; leaves 1, 3
+  rates = native_executor.pacing_rates(optcc, topo).reshape(4, 4)
+  np.testing.assert_allclose(rates[0], [0, 6.25e6, 12.5e6, 6.25e6], rtol=1e-6)
+  np.testing.assert_allclose(rates[1], [6.25e6, 0, 6.25e6, 0], rtol=1e-6)
+  r2ccl = jaxcc.plan("all_reduce", 8 << 20, topo, algorithm="r2ccl")
+  rates = native_executor.pacing_rates(r2ccl, topo).reshape(4, 4)
+  pairs = np.zeros((4, 4), bool)
+  pairs[r2ccl.table[:, SRC], r2ccl.table[:, DST]] = True
+  floor = np.minimum.outer(topo.send_bandwidth, topo.recv_bandwidth) / 6
+  assert np.array_equal(rates > 0, pairs) and np.all(rates[pairs] >= np.floor(floor[pairs]))
+  assert len(native_executor.pacing_rates(r2ccl, Topology.uniform(4, 25e6))) == 0
