@@ -4,7 +4,12 @@ Each rank ``i`` gets namespace ``jaxcc-<tag>-<i>`` with ``eth0`` at
 ``10.77.0.<i+1>/24``, the other end of its veth pair on one bridge. A token
 bucket filter limits the rank's egress (namespace side) and ingress (bridge
 side) to its rate; ``latency`` adds a one-way netem delay to every egress.
-Needs root and iproute2 (``ip``, ``tc``).
+Every namespace's default congestion control is cubic where the kernel has
+it, so that XLA's gloo sockets behave like jaxcc's (research/testbed.md: BBR
+shares a slow rank's link badly); a namespace may only default to an
+algorithm the host allows, so cubic is added to the host's
+``tcp_allowed_congestion_control`` (and left there: it only lets unprivileged
+sockets pick it). Needs root and iproute2 (``ip``, ``tc``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from jaxcc.topology import Topology
 PREFIX = "jaxcc-"
 SUBNET = "10.77.0"
 NETNS_ETC = "/etc/netns"
+_CONGESTION = "/proc/sys/net/ipv4/tcp_congestion_control"  # a namespace's default
+_CONGESTION_LIST = "/proc/sys/net/ipv4/tcp_{}_congestion_control"  # available, allowed
 _BURST = "256kb"  # measured in testbed.md: smaller bursts cost CPU, larger ones skew short runs
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -164,6 +171,7 @@ class Cluster:
 
   def _build(self) -> None:
     mtu = str(self.mtu)
+    cubic = _allow_cubic()
     _run("ip", "link", "add", self.bridge, "type", "bridge")
     hostname = socket.gethostname()
     for i in range(self.n):
@@ -177,6 +185,8 @@ class Cluster:
            "mtu", mtu, "netns", ns)
       _run("ip", "link", "set", veth, "master", self.bridge, "up")
       _run("ip", "link", "set", "lo", "up", netns=ns)
+      if cubic:
+        _run("sh", "-c", f"echo cubic > {_CONGESTION}", netns=ns)
       _run("ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0", netns=ns)
       _run("ip", "link", "set", "eth0", "up", netns=ns)
       self._shape("eth0", i, ns)
@@ -190,3 +200,17 @@ class Cluster:
       subprocess.run(["ip", "netns", "delete", self.netns(i)], capture_output=True, check=False)
       shutil.rmtree(os.path.join(NETNS_ETC, self.netns(i)), ignore_errors=True)
     subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
+
+
+def _allow_cubic() -> bool:
+  """Whether namespaces may default to cubic, adding it to the host's allowed list if needed."""
+  def read(kind):
+    with open(_CONGESTION_LIST.format(kind)) as f:
+      return f.read().split()
+  if "cubic" not in read("available"):
+    return False
+  allowed = read("allowed")
+  if "cubic" not in allowed:
+    with open(_CONGESTION_LIST.format("allowed"), "w") as f:
+      f.write(" ".join(allowed + ["cubic"]))
+  return True
