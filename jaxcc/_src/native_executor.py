@@ -18,6 +18,12 @@ GPU, Nccl (``run_schedule_cuda``): one NCCL communicator per axis instance
 and device, made by ``nccl_bootstrap`` at lowering. Op ids
 count call sites in lowering order, so every process must lower the same
 programs in the same order (any SPMD program does).
+
+Program order: the call takes and returns the token of jaxcc's ordered
+effect (``compat.PROGRAM_ORDER``), so every device runs its jaxcc
+collectives in program order and executions in dispatch order. A failed
+call fails the later jaxcc programs of the process with the same error (the
+runtime token carries it), as a broken communicator would.
 """
 
 from __future__ import annotations
