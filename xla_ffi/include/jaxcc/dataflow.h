@@ -220,7 +220,6 @@ inline std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length
       if (--units[v].unmet == 0 && units[v].missing == 0) ready.emplace(units[v].step, v);
     }
   };
-  auto where = [&](int64_t step) { return " at step " + std::to_string(step); };
   auto run = [&](int u) -> std::string {
     Unit& unit = units[u];
     if (unit.kind == Unit::kSend) {
@@ -251,8 +250,8 @@ inline std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length
       uint64_t bytes = 0;
       std::string err = transport.View(unit.step, in.peer, &data, &bytes);
       if (err.empty() && !codec && bytes != n * itemsize) {
-        err = transport.Peer(in.peer) + " sent " + std::to_string(bytes) + " bytes" +
-              where(unit.step) + ", expected " + std::to_string(n * itemsize);
+        err = transport.Peer(in.peer) + " sent " + std::to_string(bytes) + " bytes, expected " +
+              std::to_string(n * itemsize);
       }
       char* dst = own;
       if (err.empty() && reduce) {
@@ -266,8 +265,9 @@ inline std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length
       }
       if (err.empty() && codec) {
         err = codec->Decode(data, bytes, dst, n);
-        if (!err.empty()) err = "the piece from " + transport.Peer(in.peer) + where(unit.step) +
-                                " does not decode: " + err;
+        if (!err.empty()) {
+          err = "the piece from " + transport.Peer(in.peer) + " does not decode: " + err;
+        }
       } else if (err.empty() && !reduce) {
         err = kernels.Copy(own, data, n * itemsize);
       }
@@ -299,7 +299,7 @@ inline std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length
     for (const Arrival& a : arrived) {
       auto it = apply_of.find({a.step, a.src});
       if (it == apply_of.end() || !arrived_at.emplace(a.step, a.src).second) {
-        return transport.Peer(a.src) + " sent a piece" + where(a.step) +
+        return transport.Peer(a.src) + " sent a piece at step " + std::to_string(a.step) +
                " that the schedule does not have (or twice)";
       }
       Unit& unit = units[it->second];
