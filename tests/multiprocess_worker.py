@@ -125,17 +125,24 @@ def check_codecs(mesh):
 
   Special values (NaN payloads, infinities, -0.0, subnormals) and random bit
   patterns go through copies unchanged; sums see the same inputs in the same
-  order. The all_reduce is large enough to be pipelined (4 chunks).
+  order. The all_reduce is large enough to be pipelined (4 chunks). "entropy"
+  runs with every bf16/f32 piece split (JAXCC_SPLIT_SEND_BYTES=1), with none
+  split and with the default, so forwarded bytes, fused decode-reduce-encode
+  hops and split pieces all meet each other.
   """
   from bitwise import float_data  # noqa: PLC0415  (tests/ is on the worker's path)
   rng = np.random.default_rng(3)
   topology = jaxcc.Topology.uniform(P_ALL, 1e10).with_straggler(1, 0.5)
+  runs = ((None, "0"), ("fixed", "1"), ("entropy", "0"), ("entropy", "1"),
+          ("entropy", str(1 << 18)))
   for dtype in (jnp.bfloat16, jnp.float32):
     pieces = [float_data(kind, P_ALL * 4099, dtype, rng) for kind in ("special", "bits")]
     copies = put(mesh, np.concatenate(pieces), P("x"))
     sums = put(mesh, float_data("weights", P_ALL * (1 << 20), dtype, rng), P("x"))
     named = [("all_reduce/optcc", sums, lambda b, c: jaxcc.all_reduce(
                   b, "x", algorithm="optcc", topology=topology, codec=c)),
+             ("all_reduce/ring", sums, lambda b, c: jaxcc.all_reduce(
+                  b, "x", algorithm="ring", codec=c)),
              ("reduce_scatter/ring", sums, lambda b, c: jaxcc.reduce_scatter(
                   b[:P_ALL * 4099], "x", algorithm="ring", codec=c)),
              ("all_gather/ring", copies, lambda b, c: jaxcc.all_gather(
@@ -144,13 +151,16 @@ def check_codecs(mesh):
                   b, "x", root=ROOT, algorithm="direct", codec=c))]
     for name, x, fn in named:
       got = {}
-      for codec in (None, "fixed", "entropy"):
+      for codec, split in runs:
+        os.environ["JAXCC_SPLIT_SEND_BYTES"] = split
         f = jax.jit(jax.shard_map(lambda b: fn(b, codec), mesh=mesh, in_specs=P("x"),
                                   out_specs=P("x"), check_vma=False))
-        got[codec] = shards(f(x))
-      for codec in ("fixed", "entropy"):
-        assert all(got[codec][k].tobytes() == got[None][k].tobytes() for k in got[None]), (
-            f"{name} {jnp.dtype(dtype).name} codec={codec}: != raw")
+        got[codec, split] = shards(f(x))
+      raw = got[runs[0]]
+      for run in runs[1:]:
+        assert all(got[run][k].tobytes() == raw[k].tobytes() for k in raw), (
+            f"{name} {jnp.dtype(dtype).name} codec={run[0]} split bytes {run[1]}: != raw")
+  del os.environ["JAXCC_SPLIT_SEND_BYTES"]
 
 
 def check_2d_mesh_in_scan(shape):

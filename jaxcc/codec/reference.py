@@ -12,6 +12,8 @@ Formats (documented in full in ``xla_ffi/include/jaxcc/codec.h``):
 * ``"entropy"``, blocks of 65536 elements: a u32 size per block; each block
   dense (Huffman-coded byte planes), sparse (a zero bitmap, then the planes of
   the nonzero elements) or raw.
+* The split layout of a bf16/f32 piece that the native executor sends in two
+  parts over TCP (``xla_ffi/cpu/codec_host.h``; :func:`split_encode`).
 
 Used by the tests as the oracle (the FFI kernels must match it byte for byte)
 and by :func:`jaxcc.codec.encode` / :func:`jaxcc.codec.decode` when
@@ -23,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 MAGIC = 0x3143434A
+SPLIT_MAGIC = 0x3153434A
 HEADER_BYTES = 32
 CODEC_IDS = {"fixed": 1, "entropy": 2}
 DTYPE_IDS = {"bfloat16": 1, "float16": 2, "float32": 3}
@@ -111,12 +114,13 @@ def _ceil_div(a: int, b: int) -> int:
 # --- header and checksum ----------------------------------------------------
 
 
-def checksum(data: np.ndarray) -> tuple[int, int]:
-  """(A, B) over little-endian u32 words w_i, skipping words 6 and 7."""
+def checksum(data: np.ndarray, skip_field: bool = True) -> tuple[int, int]:
+  """(A, B) over little-endian u32 words w_i, skipping words 6 and 7 (the header's field)."""
   padded = np.zeros(_ceil_div(data.size, 4) * 4, np.uint8)
   padded[:data.size] = data
   w = padded.view("<u4").astype(np.uint64)
-  w[6:8] = 0
+  if skip_field:
+    w[6:8] = 0
   i = np.arange(w.size, dtype=np.uint64)
   a = int(w.sum()) & 0xFFFFFFFF
   b = int(((2 * i + 1) * w).sum()) & 0xFFFFFFFF
@@ -578,3 +582,31 @@ def _decode_entropy(data: np.ndarray, name: str, n: int) -> np.ndarray:
   if pos != data.size:
     raise DecodeError("size mismatch: the blocks end before nbytes")
   return out
+
+
+def split_encode(x: np.ndarray) -> np.ndarray:
+  """A bf16/f32 piece in the split layout: part A (header, sign+mantissa planes), then part B.
+
+  Part B is the exponent plane of each 65536-element block coded as an
+  "entropy" plane, after a u32 size per block, and its checksum (from word 0).
+  """
+  name = np.dtype(x.dtype).name
+  planes = _split(_bits(np.ascontiguousarray(x).reshape(-1)), name)
+  n = planes[0].size
+  end = HEADER_BYTES + (len(planes) - 1) * n
+  head = np.zeros(_ceil_div(end, 4) * 4, np.uint8)
+  head[HEADER_BYTES:end] = np.concatenate(planes[1:])
+  head[0:4] = np.frombuffer(np.uint32(SPLIT_MAGIC).tobytes(), np.uint8)
+  head[4], head[5], head[6] = CODEC_IDS["entropy"], DTYPE_IDS[name], _BLOCK_LOG2["entropy"]
+  head[8:16] = np.frombuffer(np.uint64(n).tobytes(), np.uint8)
+  head[16:24] = np.frombuffer(np.uint64(head.size).tobytes(), np.uint8)
+  head[24:32] = np.frombuffer(np.array(checksum(head), "<u4").tobytes(), np.uint8)
+  coded = []
+  for start in range(0, n, ENTROPY_BLOCK):
+    e = planes[0][start:start + ENTROPY_BLOCK]
+    coded.append(np.concatenate(_write_plane(e, _plan_plane(np.bincount(e, minlength=256),
+                                                            e.size))))
+  table = np.array([c.size for c in coded], "<u4").view(np.uint8)
+  body = np.concatenate([table] + coded)
+  trailer = np.frombuffer(np.array(checksum(body, skip_field=False), "<u4").tobytes(), np.uint8)
+  return np.concatenate([head, body, trailer])

@@ -11,8 +11,9 @@
 // Attributes `procs` (groups x nranks: the process of each rank of each group;
 // empty with one process) and `pacing` (nranks x nranks bytes/s per ordered
 // rank pair; empty: unpaced) and `codec` (0: raw pieces, else the codec id of
-// jaxcc/codec.h every piece travels in) are for the Tcp transport; devices of
-// one process read each other's memory, so InProcess never encodes.
+// jaxcc/codec.h every piece travels in: piece_codec.h) are for the Tcp
+// transport; devices of one process read each other's memory, so InProcess
+// never encodes.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -20,13 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "codec_host.h"
 #include "inprocess.h"
 #include "jaxcc/codec_ffi.h"
 #include "jaxcc/dataflow.h"
 #include "jaxcc/reduce.h"
 #include "jaxcc/schedule.h"
 #include "jaxcc/transport.h"
+#include "piece_codec.h"
 #include "reduce_host.h"
 #include "tcp.h"
 #include "xla/ffi/api/ffi.h"
@@ -53,28 +54,17 @@ class HostKernels final : public Kernels {
   ffi::DataType dtype_;
 };
 
-class HostPieceCodec final : public PieceCodec {
- public:
-  HostPieceCodec(codec::CodecId codec, codec::DTypeId dtype) : codec_(codec), dtype_(dtype) {}
-  uint64_t MaxBytes(size_t n) const override { return codec::MaxBytes(codec_, dtype_, n); }
-  std::string Encode(const char* src, size_t n, char* out, uint64_t* bytes) override {
-    *bytes = codec::EncodeOnHost(codec_, dtype_, src, n, reinterpret_cast<uint8_t*>(out));
-    return "";
-  }
-  std::string Decode(const char* in, uint64_t bytes, char* out, size_t n) override {
-    return codec::DecodeOnHost(codec_, dtype_, reinterpret_cast<const uint8_t*>(in), bytes, bytes,
-                               n, out);
-  }
-
- private:
-  codec::CodecId codec_;
-  codec::DTypeId dtype_;
-};
-
 std::chrono::seconds TimeoutFromEnv() {
   const char* env = std::getenv("JAXCC_TIMEOUT_S");
   long seconds = env ? std::strtol(env, nullptr, 10) : 0;
   return std::chrono::seconds(seconds > 0 ? seconds : 300);
+}
+
+// Pieces of at least this many raw bytes may be sent split (piece_codec.h);
+// JAXCC_SPLIT_SEND_BYTES sets it, 0 never splits.
+uint64_t SplitBytesFromEnv() {
+  const char* env = std::getenv("JAXCC_SPLIT_SEND_BYTES");
+  return env ? std::strtoull(env, nullptr, 10) : uint64_t{1} << 18;
 }
 
 // Runs `run` unless joining failed (`err`); a failure is told to the peers.
@@ -129,7 +119,8 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
     if (codec_id != codec::kFixed && codec_id != codec::kEntropy) {
       err = "unknown codec id " + std::to_string(codec_id);
     } else {
-      codec.reset(new HostPieceCodec(static_cast<codec::CodecId>(codec_id), d));
+      codec.reset(new HostPieceCodec(static_cast<codec::CodecId>(codec_id), d,
+                                     SplitBytesFromEnv()));
     }
   }
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);

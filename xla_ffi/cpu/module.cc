@@ -3,11 +3,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/vector.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "jaxcc/module.h"
+#include "piece_codec.h"
 #include "tcp.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -50,4 +52,51 @@ NB_MODULE(_jaxcc_cpu, m) {
       "-1 for this one. Takes the sockets over.");
   m.def("tcp_process", &jaxcc::TcpProcess,
         "This process' index in the TCP transport; -1 before tcp_start.");
+  // The Tcp transport's piece layouts (piece_codec.h), for tests.
+  auto piece_codec = [](int codec, int dtype, uint64_t split_bytes) {
+    namespace c = jaxcc::codec;
+    if ((codec != c::kFixed && codec != c::kEntropy) || dtype < c::kBF16 || dtype > c::kF32) {
+      throw std::invalid_argument("jaxcc: unknown codec or dtype id");
+    }
+    return jaxcc::HostPieceCodec(static_cast<c::CodecId>(codec), static_cast<c::DTypeId>(dtype),
+                                 split_bytes);
+  };
+  m.def(
+      "piece_encode",
+      [piece_codec](int codec, int dtype, nb::bytes x, bool split) {
+        jaxcc::HostPieceCodec pc = piece_codec(codec, dtype, split ? 1 : 0);
+        const size_t n = x.size() / jaxcc::codec::Info(static_cast<jaxcc::codec::DTypeId>(dtype))
+                                        .elem_bytes;
+        std::string out;
+        std::string err;
+        if (pc.Splits(x.c_str(), n)) {
+          err = pc.SendSplit(x.c_str(), n, [&](std::unique_ptr<char[]> part, uint64_t bytes,
+                                               uint64_t, bool) {
+            out.append(part.get(), bytes);
+            return std::string();
+          });
+        } else {
+          out.resize(pc.MaxBytes(n));
+          uint64_t bytes = 0;
+          err = pc.Encode(x.c_str(), n, out.data(), &bytes);
+          out.resize(bytes);
+        }
+        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+        return nb::bytes(out.data(), out.size());
+      },
+      nb::arg("codec"), nb::arg("dtype"), nb::arg("x"), nb::arg("split"),
+      "The bytes a piece of the elements in x travels as over TCP: split (both parts back to "
+      "back) if `split` and the codec splits it, else segmented.");
+  m.def(
+      "piece_decode",
+      [piece_codec](int codec, int dtype, nb::bytes data, size_t n) {
+        jaxcc::HostPieceCodec pc = piece_codec(codec, dtype, 0);
+        std::string out(n * jaxcc::codec::Info(static_cast<jaxcc::codec::DTypeId>(dtype))
+                                .elem_bytes, '\0');
+        const std::string err = pc.Decode(data.c_str(), data.size(), out.data(), n);
+        if (!err.empty()) throw std::invalid_argument("jaxcc: cannot decode the piece: " + err);
+        return nb::bytes(out.data(), out.size());
+      },
+      nb::arg("codec"), nb::arg("dtype"), nb::arg("data"), nb::arg("n"),
+      "Decodes a piece of n elements that piece_encode made.");
 }

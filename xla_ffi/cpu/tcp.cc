@@ -30,8 +30,9 @@ namespace jaxcc {
 namespace {
 
 constexpr uint32_t kMagic = 0x4d43584a;  // "JXCM"
-constexpr uint32_t kData = 1;            // a piece of a step
+constexpr uint32_t kData = 1;            // a piece of a step, or the last part of one
 constexpr uint32_t kAbort = 2;           // a rank failed the call; the payload says why
+constexpr uint32_t kPart = 3;            // a part of a piece, more to follow
 // Bytes a connection may write per turn, so that a large transfer to one peer
 // is striped with the transfers to the others.
 constexpr size_t kStripe = size_t{1} << 20;
@@ -49,8 +50,9 @@ struct WireHeader {
   int32_t src, dst;
   int64_t digest;
   uint64_t length;  // payload bytes that follow
+  uint64_t bound;   // the first part of a piece: the most its parts take together
 };
-static_assert(sizeof(WireHeader) == 64, "WireHeader must have no padding");
+static_assert(sizeof(WireHeader) == 72, "WireHeader must have no padding");
 
 struct CallKey {
   int64_t op_id, instance, group;
@@ -101,6 +103,7 @@ struct Conn {
   WireHeader header{};
   size_t header_got = 0;
   Staging incoming;
+  uint64_t offset = 0;  // bytes of the piece's earlier parts in `incoming`
   uint64_t payload_got = 0;
 };
 
@@ -155,6 +158,7 @@ class TcpEngine {
   uint64_t events = 0;
   std::vector<Conn> conns;
   std::map<MsgKey, Staged> mailbox;
+  std::map<MsgKey, Staged> partial;  // pieces whose last part has not come
   std::map<ReceiverKey, std::vector<Arrival>> arrivals;  // staged, not yet seen by the receiver
   std::map<CallKey, std::string> aborts;
   std::map<std::tuple<int64_t, int64_t, int>, int64_t> instances;
@@ -218,7 +222,7 @@ void TcpEngine::PostAbort(int q, const CallKey& call, int src, const std::string
   if (!c.error.empty()) return;
   auto item = std::make_unique<SendItem>();
   item->header = {kMagic, kAbort, call.op_id, call.instance, call.group, 0, src, -1, 0,
-                  text.size()};
+                  text.size(), 0};
   item->owned.reset(new char[std::max<size_t>(text.size(), 1)]);
   std::memcpy(item->owned.get(), text.data(), text.size());
   item->payload = item->owned.get();
@@ -303,7 +307,7 @@ void TcpEngine::Read(int q) {
     const ssize_t n =
         in_header ? recv(fd, reinterpret_cast<char*>(&c.header) + c.header_got,
                          sizeof(WireHeader) - c.header_got, MSG_DONTWAIT)
-                  : recv(fd, c.incoming.data.get() + c.payload_got,
+                  : recv(fd, c.incoming.data.get() + c.offset + c.payload_got,
                          std::min<uint64_t>(c.header.length - c.payload_got, budget), MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n <= 0) {
@@ -319,15 +323,29 @@ void TcpEngine::Read(int q) {
       if (c.header_got < sizeof(WireHeader)) continue;
       const WireHeader& h = c.header;
       std::lock_guard<std::mutex> lock(mu);
-      if (h.magic != kMagic || (h.kind != kData && h.kind != kAbort) || h.length > kMaxMessage ||
-          h.src < 0 || (h.kind == kData && h.dst < 0)) {
+      if (h.magic != kMagic || (h.kind != kData && h.kind != kAbort && h.kind != kPart) ||
+          h.length > kMaxMessage || h.bound > kMaxMessage || h.src < 0 ||
+          (h.kind != kAbort && h.dst < 0)) {
         Lose(q, "it sent a malformed message header");
         return;
       }
-      c.incoming = Allocate(h.length);
+      c.offset = 0;
       c.payload_got = 0;
+      auto earlier = partial.end();
+      if (h.kind != kAbort) earlier = partial.find({h.op_id, h.instance, h.group, h.dst, h.step, h.src});
+      if (earlier != partial.end()) {  // a later part: it follows the earlier ones
+        c.incoming = std::move(earlier->second.buffer);
+        c.offset = earlier->second.length;
+        partial.erase(earlier);
+      } else {
+        c.incoming = Allocate(std::max(h.length, h.bound));
+      }
       if (!c.incoming.data) {
         Lose(q, "out of memory for a message of " + std::to_string(h.length) + " bytes");
+        return;
+      }
+      if (c.offset + h.length > c.incoming.capacity) {
+        Lose(q, "it sent parts of a piece beyond their bound");
         return;
       }
     } else {
@@ -350,8 +368,13 @@ void TcpEngine::Deliver(int q) {
     while (aborts.size() > kAbortsKept) aborts.erase(aborts.begin());
     Release(std::move(c.incoming));
   } else {
-    Stage({h.op_id, h.instance, h.group, h.dst, h.step, h.src},
-          Staged{std::move(c.incoming), h.length, h.digest});
+    const MsgKey key{h.op_id, h.instance, h.group, h.dst, h.step, h.src};
+    Staged piece{std::move(c.incoming), c.offset + h.length, h.digest};
+    if (h.kind == kPart) {
+      partial[key] = std::move(piece);
+    } else {
+      Stage(key, std::move(piece));
+    }
   }
   Notify();
 }
@@ -486,10 +509,12 @@ TcpTransport::~TcpTransport() {
   e_->Detach(this, lock);
   // Pieces of this call still staged for this rank (the call failed) are dropped.
   const MsgKey first{call_.op_id, call_.instance, call_.group, rank_, INT64_MIN, INT32_MIN};
-  for (auto it = e_->mailbox.lower_bound(first);
-       it != e_->mailbox.end() && SameReceiver(it->first, first);) {
-    e_->Release(std::move(it->second.buffer));
-    it = e_->mailbox.erase(it);
+  for (auto* staged : {&e_->mailbox, &e_->partial}) {
+    for (auto it = staged->lower_bound(first);
+         it != staged->end() && SameReceiver(it->first, first);) {
+      e_->Release(std::move(it->second.buffer));
+      it = staged->erase(it);
+    }
   }
   e_->arrivals.erase({call_.op_id, call_.instance, call_.group, rank_});
 }
@@ -541,7 +566,7 @@ std::string TcpTransport::Post(int64_t step, int peer, const char* data, uint64_
   if (!c.error.empty()) return "cannot send to " + Peer(peer) + ": " + c.error;
   auto item = std::make_unique<SendItem>();
   item->header = {kMagic, kData, call_.op_id, call_.instance, call_.group, step,
-                  rank_, peer, digest_, bytes};
+                  rank_, peer, digest_, bytes, 0};
   item->payload = data;
   if (owned) {
     item->owned = std::move(owned);
@@ -549,6 +574,49 @@ std::string TcpTransport::Post(int64_t step, int peer, const char* data, uint64_
     item->owner = this;
     item->written = &written_[peer];
   }
+  c.queue.push_back(std::move(item));
+  e_->Wake();
+  return "";
+}
+
+std::string TcpTransport::PostPart(int64_t step, int peer, std::unique_ptr<char[]> data,
+                                   uint64_t bytes, uint64_t bound, bool last) {
+  const MsgKey key{call_.op_id, call_.instance, call_.group, peer, step, rank_};
+  const int q = procs_[peer];
+  std::unique_lock<std::mutex> lock(e_->mu);
+  auto abort = e_->aborts.find({call_.op_id, call_.instance, call_.group});
+  if (abort != e_->aborts.end()) return abort->second;
+  if (q == e_->process) {  // a rank of this process: the parts are joined at once
+    Staged piece{Staging{}, 0, digest_};
+    auto earlier = e_->partial.find(key);
+    if (earlier != e_->partial.end()) {
+      piece = std::move(earlier->second);
+      e_->partial.erase(earlier);
+    } else {
+      piece.buffer = e_->Allocate(std::max(bytes, bound));
+    }
+    if (!piece.buffer.data || piece.length + bytes > piece.buffer.capacity) {
+      return "cannot stage " + std::to_string(bytes) + " more bytes of a piece for " + Peer(peer);
+    }
+    lock.unlock();  // only this rank writes the piece
+    std::memcpy(piece.buffer.data.get() + piece.length, data.get(), bytes);
+    lock.lock();
+    piece.length += bytes;
+    if (last) {
+      e_->Stage(key, std::move(piece));
+      e_->Notify();
+    } else {
+      e_->partial[key] = std::move(piece);
+    }
+    return "";
+  }
+  Conn& c = e_->conns[q];
+  if (!c.error.empty()) return "cannot send to " + Peer(peer) + ": " + c.error;
+  auto item = std::make_unique<SendItem>();
+  item->header = {kMagic, last ? kData : kPart, call_.op_id, call_.instance, call_.group, step,
+                  rank_, peer, digest_, bytes, bound};
+  item->payload = data.get();
+  item->owned = std::move(data);
   c.queue.push_back(std::move(item));
   e_->Wake();
   return "";

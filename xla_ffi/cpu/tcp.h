@@ -6,7 +6,9 @@
 // them (non-blocking): it writes posted pieces straight from the senders'
 // buffers, a stripe at a time per connection, and reads every incoming message
 // into a staging buffer, keyed by (op id, instance, group, dst, step, src), so
-// several collectives in flight never mix. Pieces between ranks of this
+// several collectives in flight never mix. A piece posted in parts is staged
+// once its last part came, the parts received straight after each other into
+// one buffer of the bound the first part carries. Pieces between ranks of this
 // process are copied into staging directly. Every message carries the
 // sender's schedule digest; a receiver that planned another schedule fails.
 //
@@ -59,6 +61,8 @@ class TcpTransport final : public AsyncTransport {
 
   std::string Post(int64_t step, int peer, const char* data, uint64_t bytes,
                    std::unique_ptr<char[]> owned) override;
+  std::string PostPart(int64_t step, int peer, std::unique_ptr<char[]> data, uint64_t bytes,
+                       uint64_t bound, bool last) override;
   std::string Sync(std::vector<Arrival>* arrived, std::vector<int64_t>* written,
                    uint64_t* events) override;
   std::string View(int64_t step, int src, const char** data, uint64_t* bytes) override;

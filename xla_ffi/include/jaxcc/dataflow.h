@@ -17,11 +17,14 @@
 // The result equals running the steps one after another, bit for bit (the
 // same kernels sum the same inputs in the same order).
 //
-// With a PieceCodec each piece travels encoded: a send encodes its range into
-// a buffer the transport owns (so it frees its range at once), a copy decodes
-// into place, a reduce decodes its pieces next to each other and sums them
-// with its own range in one kernel call. Sizes on the wire are the
-// encodings' real sizes.
+// With a PieceCodec each piece travels encoded. A send encodes its range into
+// a buffer the transport owns (so it frees its range at once), or posts it in
+// two parts when the codec splits it (the first leaves before the rest is
+// coded); a copy decodes into place; a reduce sums its pieces into its range
+// as the codec decodes them. A send that forwards exactly what an apply just
+// wrote (and waits for nothing else) sends bytes the apply made: a copy's
+// received bytes unchanged, a reduce's sum encoded in the same pass. Sizes on
+// the wire are the encodings' real sizes.
 //
 // Every wait ends within the timeout with an error that names the peer and
 // the step.
@@ -32,6 +35,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <iterator>
@@ -70,6 +74,12 @@ class AsyncTransport {
   // peer planned another schedule.
   virtual std::string Sync(std::vector<Arrival>* arrived, std::vector<int64_t>* written,
                            uint64_t* events) = 0;
+  // Queues the next part of the piece of `step` for `peer`; the transport
+  // keeps `data`. The receiver sees the piece once, when its last part came,
+  // as the parts back to back; `bound`, with the first part, is the most they
+  // take together.
+  virtual std::string PostPart(int64_t step, int peer, std::unique_ptr<char[]> data,
+                               uint64_t bytes, uint64_t bound, bool last) = 0;
   // The bytes of an arrived piece, valid until Release.
   virtual std::string View(int64_t step, int src, const char** data, uint64_t* bytes) = 0;
   virtual void Release(int64_t step, int src) = 0;
@@ -81,16 +91,33 @@ class AsyncTransport {
   virtual std::string Peer(int rank) const = 0;
 };
 
+// Hands a part of a piece to the transport: (data, bytes, bound, last).
+using PostPart = std::function<std::string(std::unique_ptr<char[]>, uint64_t, uint64_t, bool)>;
+
 // How pieces are encoded on the wire.
 class PieceCodec {
  public:
   virtual ~PieceCodec() = default;
-  // Bytes that hold the encoding of any n elements.
+  // Bytes that hold Encode's output for n elements.
   virtual uint64_t MaxBytes(size_t n) const = 0;
   // Encodes the n elements at src into out (MaxBytes(n) bytes); sets *bytes.
   virtual std::string Encode(const char* src, size_t n, char* out, uint64_t* bytes) = 0;
-  // Decodes `bytes` bytes at `in` into the n elements at out.
+  // Whether a send of the n elements at src goes in parts (SendSplit).
+  virtual bool Splits(const char* src, size_t n) const = 0;
+  // Encodes the n elements at src in parts, each handed to `post` as soon as
+  // it is made; the first carries the bound of all parts together.
+  virtual std::string SendSplit(const char* src, size_t n, const PostPart& post) = 0;
+  // Decodes the `bytes` bytes at `in` (an encoding, or a split piece's parts
+  // back to back) into the n elements at out.
   virtual std::string Decode(const char* in, uint64_t bytes, char* out, size_t n) = 0;
+  // Sums the k encoded pieces in[i] (bytes[i] bytes) into the n elements at
+  // own, in one pass: the kernel adds own and the pieces in that order, as
+  // kernels.Reduce over whole pieces would. With `out` (MaxBytes(n) bytes) it
+  // also encodes the sum there and sets *out_bytes. On a piece that does not
+  // decode, *bad is its index (else k).
+  virtual std::string DecodeReduce(const char* const* in, const uint64_t* bytes, size_t k,
+                                   char* own, size_t n, Kernels& kernels, char* out,
+                                   uint64_t* out_bytes, size_t* bad) = 0;
 };
 
 namespace dataflow {
@@ -208,8 +235,10 @@ inline std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length
   std::vector<int64_t> posted, written;
   std::set<std::pair<int64_t, int>> arrived_at;  // (step, src) of the pieces that came
   std::vector<Arrival> arrived;
-  std::vector<std::vector<char>> scratch;        // decoded reduce pieces
   std::vector<const char*> inputs;
+  std::vector<uint64_t> sizes;
+  // Encodings made for sends by the apply they forward (send unit -> bytes).
+  std::map<int, std::pair<std::unique_ptr<char[]>, uint64_t>> made;
   size_t done = 0, first_pending = 0;
   std::vector<char> finished(units.size(), 0);
 
@@ -220,64 +249,111 @@ inline std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length
       if (--units[v].unmet == 0 && units[v].missing == 0) ready.emplace(units[v].step, v);
     }
   };
-  auto run = [&](int u) -> std::string {
-    Unit& unit = units[u];
-    if (unit.kind == Unit::kSend) {
-      const Piece& out = unit.pieces[0];
-      const char* from = buf + out.src_start * itemsize;
-      if (!codec) {
-        const size_t peer = static_cast<size_t>(out.peer);
-        if (posted.size() <= peer) posted.resize(peer + 1, 0);
-        in_flight[out.peer].emplace_back(posted[peer]++, u);
-        return transport.Post(unit.step, out.peer, from, out.length * itemsize, nullptr);
+  // The sends that read exactly the range apply `u` writes and wait for
+  // nothing else: they send what `u` leaves there.
+  auto forwards = [&](int u) {
+    std::vector<int> sends;
+    const Piece& w = units[u].pieces[0];
+    for (int v : units[u].next) {
+      const Unit& s = units[v];
+      if (s.kind == Unit::kSend && s.unmet == 1 && s.pieces[0].src_start == w.dst_start &&
+          s.pieces[0].length == w.length) {
+        sends.push_back(v);
       }
+    }
+    return sends;
+  };
+  auto hand = [&](const std::vector<int>& sends, std::unique_ptr<char[]> data, uint64_t bytes) {
+    for (size_t i = 1; i < sends.size(); ++i) {
+      std::unique_ptr<char[]> copy(new char[bytes]);
+      std::memcpy(copy.get(), data.get(), bytes);
+      made[sends[i]] = {std::move(copy), bytes};
+    }
+    if (!sends.empty()) made[sends[0]] = {std::move(data), bytes};
+  };
+  auto send = [&](int u) -> std::string {
+    Unit& unit = units[u];
+    const Piece& out = unit.pieces[0];
+    const char* from = buf + out.src_start * itemsize;
+    if (!codec) {
+      const size_t peer = static_cast<size_t>(out.peer);
+      if (posted.size() <= peer) posted.resize(peer + 1, 0);
+      in_flight[out.peer].emplace_back(posted[peer]++, u);
+      return transport.Post(unit.step, out.peer, from, out.length * itemsize, nullptr);
+    }
+    std::string err;
+    auto it = made.find(u);
+    if (it != made.end()) {
+      const char* data = it->second.first.get();
+      err = transport.Post(unit.step, out.peer, data, it->second.second,
+                           std::move(it->second.first));
+      made.erase(it);
+    } else if (codec->Splits(from, out.length)) {
+      err = codec->SendSplit(from, out.length, [&](std::unique_ptr<char[]> data, uint64_t bytes,
+                                                   uint64_t bound, bool last) {
+        return transport.PostPart(unit.step, out.peer, std::move(data), bytes, bound, last);
+      });
+    } else {
       std::unique_ptr<char[]> owned(new char[codec->MaxBytes(out.length)]);
       char* enc = owned.get();
       uint64_t bytes = 0;
-      std::string err = codec->Encode(from, out.length, enc, &bytes);
+      err = codec->Encode(from, out.length, enc, &bytes);
       if (err.empty()) err = transport.Post(unit.step, out.peer, enc, bytes, std::move(owned));
-      if (err.empty()) finish(u);
-      return err;
     }
+    if (err.empty()) finish(u);
+    return err;
+  };
+  auto apply = [&](int u) -> std::string {
+    Unit& unit = units[u];
     const bool reduce = unit.kind == Unit::kReduce;
     char* own = buf + unit.pieces[0].dst_start * itemsize;
     const size_t n = static_cast<size_t>(unit.pieces[0].length);
-    if (reduce) inputs.assign(1, own);
-    if (scratch.size() < unit.pieces.size()) scratch.resize(unit.pieces.size());
-    for (size_t i = 0; i < unit.pieces.size(); ++i) {
-      const Piece& in = unit.pieces[i];
+    inputs.clear();
+    sizes.clear();
+    if (reduce && !codec) inputs.push_back(own);
+    std::string err;
+    for (const Piece& in : unit.pieces) {
       const char* data = nullptr;
       uint64_t bytes = 0;
-      std::string err = transport.View(unit.step, in.peer, &data, &bytes);
+      err = transport.View(unit.step, in.peer, &data, &bytes);
       if (err.empty() && !codec && bytes != n * itemsize) {
         err = transport.Peer(in.peer) + " sent " + std::to_string(bytes) + " bytes, expected " +
               std::to_string(n * itemsize);
       }
-      char* dst = own;
-      if (err.empty() && reduce) {
-        if (codec) {
-          scratch[i].resize(n * itemsize);
-          dst = scratch[i].data();
-          inputs.push_back(dst);
-        } else {
-          inputs.push_back(data);
-        }
-      }
-      if (err.empty() && codec) {
-        err = codec->Decode(data, bytes, dst, n);
-        if (!err.empty()) {
-          err = "the piece from " + transport.Peer(in.peer) + " does not decode: " + err;
-        }
-      } else if (err.empty() && !reduce) {
-        err = kernels.Copy(own, data, n * itemsize);
-      }
       if (!err.empty()) return err;
+      inputs.push_back(data);
+      sizes.push_back(bytes);
     }
-    std::string err = reduce ? kernels.Reduce(inputs.data(), inputs.size(), own, n) : "";
+    size_t bad = unit.pieces.size();
+    if (!codec) {
+      err = reduce ? kernels.Reduce(inputs.data(), inputs.size(), own, n)
+                   : kernels.Copy(own, inputs[0], n * itemsize);
+    } else if (reduce) {
+      const std::vector<int> sends = forwards(u);
+      std::unique_ptr<char[]> sum;
+      uint64_t sum_bytes = 0;
+      if (!sends.empty()) sum.reset(new char[codec->MaxBytes(n)]);
+      err = codec->DecodeReduce(inputs.data(), sizes.data(), inputs.size(), own, n, kernels,
+                                sum.get(), &sum_bytes, &bad);
+      if (err.empty()) hand(sends, std::move(sum), sum_bytes);
+    } else {
+      bad = 0;
+      err = codec->Decode(inputs[0], sizes[0], own, n);
+      const std::vector<int> sends = forwards(u);
+      if (err.empty() && !sends.empty()) {
+        std::unique_ptr<char[]> copy(new char[sizes[0]]);
+        std::memcpy(copy.get(), inputs[0], sizes[0]);
+        hand(sends, std::move(copy), sizes[0]);
+      }
+    }
+    if (!err.empty() && bad < unit.pieces.size()) {
+      err = "the piece from " + transport.Peer(unit.pieces[bad].peer) + " does not decode: " + err;
+    }
     for (const Piece& in : unit.pieces) transport.Release(unit.step, in.peer);
     if (err.empty()) finish(u);
     return err;
   };
+  auto run = [&](int u) { return units[u].kind == Unit::kSend ? send(u) : apply(u); };
 
   for (size_t u = 0; u < units.size(); ++u) {
     if (units[u].unmet == 0 && units[u].missing == 0) ready.emplace(units[u].step, u);
