@@ -135,10 +135,12 @@ def check_codecs(mesh):
   topology = jaxcc.Topology.uniform(P_ALL, 1e10).with_straggler(1, 0.5)
   runs = ((None, "0"), ("fixed", "1"), ("entropy", "0"), ("entropy", "1"),
           ("entropy", str(1 << 18)))
+  shift = [(r, (r + 1) % P_ALL) for r in range(P_ALL)]
   for dtype in (jnp.bfloat16, jnp.float32):
     pieces = [float_data(kind, P_ALL * 4099, dtype, rng) for kind in ("special", "bits")]
-    copies = put(mesh, np.concatenate(pieces), P("x"))
-    sums = put(mesh, float_data("weights", P_ALL * (1 << 20), dtype, rng), P("x"))
+    host = {"copies": np.concatenate(pieces),
+            "sums": float_data("weights", P_ALL * (1 << 20), dtype, rng)}
+    copies, sums = (put(mesh, host[k], P("x")) for k in ("copies", "sums"))
     named = [("all_reduce/optcc", sums, lambda b, c: jaxcc.all_reduce(
                   b, "x", algorithm="optcc", topology=topology, codec=c)),
              ("all_reduce/ring", sums, lambda b, c: jaxcc.all_reduce(
@@ -148,15 +150,23 @@ def check_codecs(mesh):
              ("all_gather/ring", copies, lambda b, c: jaxcc.all_gather(
                   b, "x", algorithm="ring", codec=c)),
              ("broadcast/direct", copies, lambda b, c: jaxcc.broadcast(
-                  b, "x", root=ROOT, algorithm="direct", codec=c))]
+                  b, "x", root=ROOT, algorithm="direct", codec=c)),
+             ("ppermute/small", copies, lambda b, c: jaxcc.ppermute(b, "x", shift, codec=c)),
+             ("ppermute/large", sums, lambda b, c: jaxcc.ppermute(b, "x", shift, codec=c))]
     for name, x, fn in named:
-      got = {}
+      out = {}
       for codec, split in runs:
         os.environ["JAXCC_SPLIT_SEND_BYTES"] = split
         f = jax.jit(jax.shard_map(lambda b: fn(b, codec), mesh=mesh, in_specs=P("x"),
                                   out_specs=P("x"), check_vma=False))
-        got[codec, split] = shards(f(x))
+        out[codec, split] = f(x)
+      got = {run: shards(y) for run, y in out.items()}
       raw = got[runs[0]]
+      if name.startswith("ppermute"):  # each rank holds its predecessor's input, bit for bit
+        inputs = host["copies" if x is copies else "sums"].reshape(P_ALL, -1)
+        for shard in out[runs[0]].addressable_shards:
+          rank = shard.index[0].start // shard.data.shape[0]
+          assert np.asarray(shard.data).tobytes() == inputs[rank - 1].tobytes(), name
       for run in runs[1:]:
         assert all(got[run][k].tobytes() == raw[k].tobytes() for k in raw), (
             f"{name} {jnp.dtype(dtype).name} codec={run[0]} split bytes {run[1]}: != raw")

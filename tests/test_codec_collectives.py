@@ -2,7 +2,8 @@
 
 Every collective runs with both codecs on 8 devices and on 3, every
 algorithm with a codec, each collective on 1 device and under the native
-executor (executor="auto": in-process on the CPU); every program carries
+executor (executor="auto": in-process on the CPU; ppermute with "native" on
+1, 3 and 8 devices too); every program carries
 bf16, f16 and f32 inputs at once. Inputs are fresh on every run (the seed is
 in every failure message) and of three kinds: adversarial bits (NaN
 payloads, infinities, -0.0, subnormals; they overflow "fixed"'s spill pool,
@@ -29,7 +30,7 @@ SEED = np.random.SeedSequence().entropy
 
 # (collective, algorithm, devices, codec, executor): every collective with both codecs on 8 and
 # on 3 devices, every algorithm with a codec (each with both across the collectives), 1 device,
-# and the native executor ("auto": in-process on the CPU).
+# and the native executor ("auto": in-process on the CPU; ppermute's also as "native").
 CASES = [
     ("all_reduce", "ring", 8, "fixed", "xla"), ("all_reduce", "ring", 3, "entropy", "xla"),
     ("all_reduce", "direct", 8, "entropy", "xla"), ("all_reduce", "optcc", 8, "fixed", "xla"),
@@ -48,6 +49,8 @@ CASES = [
     ("broadcast", "auto", 1, "entropy", "xla"), ("broadcast", "direct", 8, "fixed", "auto"),
     ("ppermute", None, 8, "fixed", "xla"), ("ppermute", None, 3, "entropy", "xla"),
     ("ppermute", None, 1, "fixed", "xla"), ("ppermute", None, 8, "entropy", "auto"),
+    ("ppermute", None, 8, "fixed", "native"), ("ppermute", None, 3, "entropy", "native"),
+    ("ppermute", None, 1, "entropy", "native"),
 ]
 
 
@@ -132,12 +135,14 @@ class CodecCollectivesTest(parameterized.TestCase):
           self.assert_same_bits(got, expected_copy(collective, host, p), msg)
 
   @parameterized.parameters(  # all_gather's transpose is reduce_scatter, broadcast's all_reduce
-      ("all_reduce", "direct", 3, "fixed"), ("all_gather", "ring", 3, "entropy"),
-      ("broadcast", "ring", 3, "fixed"), ("ppermute", None, 8, "entropy"))
-  def test_gradients_equal_no_codec_and_carry_the_codec(self, collective, algorithm, p, codec):
+      ("all_reduce", "direct", 3, "fixed", "xla"), ("all_gather", "ring", 3, "entropy", "xla"),
+      ("broadcast", "ring", 3, "fixed", "xla"), ("ppermute", None, 8, "entropy", "xla"),
+      ("ppermute", None, 3, "fixed", "native"))
+  def test_gradients_equal_no_codec_and_carry_the_codec(self, collective, algorithm, p, codec,
+                                                         executor):
     hosts = [h / 3 for h in make_inputs(collective, p, "weights", 7)]
     xs = shard(hosts, p)
-    grads = {c: self.gradient(collective, algorithm, p, c) for c in (None, codec)}
+    grads = {c: self.gradient(collective, algorithm, p, c, executor) for c in (None, codec)}
     for dt, got, want in zip(FLOATS, grads[codec](*xs), grads[None](*xs)):
       self.assert_same_bits(got, want, f"gradient {jnp.dtype(dt).name}")
     # The backward pass runs the transposed collective, compressed with the same codec.
@@ -147,9 +152,9 @@ class CodecCollectivesTest(parameterized.TestCase):
 
   @staticmethod
   @functools.lru_cache(maxsize=None)
-  def gradient(collective, algorithm, p, codec):
+  def gradient(collective, algorithm, p, codec, executor):
     """grad of sum(sin(collective(x * x))); check_vma=False makes every transpose a collective."""
-    fn = collective_fn(collective, algorithm, p, codec, "xla")
+    fn = collective_fn(collective, algorithm, p, codec, executor)
 
     def loss(*xs):
       return sum(jnp.sum(jnp.sin(fn(x * x).astype(jnp.float32))) * (i + 1)

@@ -27,6 +27,8 @@ ALGORITHMS = {
     "all_gather": ("lax", "auto", "ring", "direct"),
     "broadcast": ("lax", "auto", "ring", "direct"),
 }
+# ppermute has no algorithms: its cases name the executor instead ("auto" is native on the CPU).
+PPERMUTE_EXECUTORS = ("native", "xla", "auto")
 SEED = np.random.SeedSequence().entropy  # fresh inputs every run; printed on failure
 
 
@@ -68,7 +70,7 @@ def ours(collective, p, algorithm):
                                                topology=topo),
       "broadcast": lambda b: jaxcc.broadcast(b, "x", root=p // 2, algorithm=algorithm,
                                              topology=topo),
-      "ppermute": lambda b: jaxcc.ppermute(b, "x", ring_perm(p)),
+      "ppermute": lambda b: jaxcc.ppermute(b, "x", ring_perm(p), executor=algorithm),
   }[collective]
 
 
@@ -130,7 +132,7 @@ def check_close(collective, got, want, x_host, p, dtype):
 
 
 CASES = [(c, a, p) for c, algs in ALGORITHMS.items() for a in algs for p in COUNTS]
-CASES += [("ppermute", "lax", p) for p in COUNTS]
+CASES += [("ppermute", e, p) for e in PPERMUTE_EXECUTORS for p in COUNTS]
 
 
 @pytest.mark.parametrize("collective, algorithm, p", CASES)
@@ -169,7 +171,7 @@ def gradient(collective, p, fn_key, make):
 
 GRAD_CASES = [(c, a, p) for c, algs in ALGORITHMS.items() for a in algs if a != "auto"
               for p in COUNTS]
-GRAD_CASES += [("ppermute", "lax", p) for p in COUNTS]
+GRAD_CASES += [("ppermute", e, p) for e in PPERMUTE_EXECUTORS for p in COUNTS]
 
 
 @pytest.mark.parametrize("collective, algorithm, p", GRAD_CASES)
@@ -196,38 +198,84 @@ def test_several_collectives_in_scan_on_a_2d_mesh():
   host = np.random.default_rng(SEED).normal(size=(6, 16)).astype(np.float32)
   x = jax.device_put(host, NamedSharding(mesh, P("a", "x")))
 
-  def body(ar, rs, ag):
+  def body(ar, rs, ag, pp):
     def step(c, _):
-      y = ar(c) * 0.25 + rs(ag(c)) + c
+      y = ar(c) * 0.25 + rs(ag(c)) + pp(c)
       return y, jnp.sum(y)
     return step
 
-  def run(ar, rs, ag):
-    f = jax.shard_map(lambda b: lax.scan(body(ar, rs, ag), b, None, length=3), mesh=mesh,
+  def run(*fns):
+    f = jax.shard_map(lambda b: lax.scan(body(*fns), b, None, length=3), mesh=mesh,
                       in_specs=P("a", "x"), out_specs=(P("a", "x"), P(("a", "x"))))
     return jax.jit(f)(x)
 
   mine = run(lambda c: jaxcc.all_reduce(c, "x", algorithm="optcc", topology=topo),
              lambda c: jaxcc.reduce_scatter(c, "x", scatter_dimension=1, algorithm="ring"),
-             lambda c: jaxcc.all_gather(c, "x", axis=1, algorithm="direct"))
+             lambda c: jaxcc.all_gather(c, "x", axis=1, algorithm="direct"),
+             lambda c: jaxcc.ppermute(c, "x", ring_perm(4), executor="native"))
   ref = run(lambda c: lax.psum(c, "x"),
             lambda c: lax.psum_scatter(c, "x", scatter_dimension=1, tiled=True),
-            lambda c: lax.all_gather(c, "x", axis=1, tiled=True))
+            lambda c: lax.all_gather(c, "x", axis=1, tiled=True),
+            lambda c: lax.ppermute(c, "x", ring_perm(4)))
   for got, want in zip(mine, ref):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
-def test_vmap_over_another_axis(collective):
+@pytest.mark.parametrize("collective, algorithm", [
+    ("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
+    ("ppermute", "native")])
+def test_vmap_over_another_axis(collective, algorithm):
   p = 4
   mesh = mesh_of(p)
   host = np.random.default_rng(SEED).normal(size=(p * 3, 8, 4)).astype(np.float32)
   x = jax.device_put(host, NamedSharding(mesh, P("x")))
-  mine, ref = ours(collective, p, "ring"), theirs(collective, p)
+  mine, ref = ours(collective, p, algorithm), theirs(collective, p)
   spec = out_spec(collective)
   outs = [jax.jit(jax.shard_map(jax.vmap(fn, in_axes=2, out_axes=0), mesh=mesh, in_specs=P("x"),
                                 out_specs=spec))(x) for fn in (mine, ref)]
   np.testing.assert_allclose(np.asarray(outs[0]), np.asarray(outs[1]), rtol=1e-5, atol=1e-5)
+
+
+def perms_of(p):
+  """A cycle; a partial shift (half the ranks receive nothing); a reversal (the middle rank of
+  an odd axis is its own destination); the empty perm (every rank gets zeros)."""
+  return {"cycle": [(i, (i + 1) % p) for i in range(p)],
+          "partial": [(i, (i + 2) % p) for i in range(p // 2)],
+          "reversal": [(i, p - 1 - i) for i in range(p)], "empty": []}
+
+
+@pytest.mark.parametrize("p", [1, 3, 8])
+@pytest.mark.parametrize("kind", ["cycle", "partial", "reversal", "empty"])
+def test_native_ppermute_equals_lax_bit_for_bit(p, kind):
+  perm = perms_of(p)[kind]
+  hosts = make_inputs("ppermute", p, np.random.default_rng([SEED, 5, p, len(kind)]))
+  xs = shard(hosts, p)
+  mine = forward("ppermute", p, ("native", kind),
+                 lambda: lambda b: jaxcc.ppermute(b, "x", perm, executor="native"))
+  ref = forward("ppermute", p, ("lax", kind), lambda: lambda b: lax.ppermute(b, "x", perm))
+  # One jaxcc_collective call per dtype, unless nothing moves.
+  calls = mine.lower(*xs).as_text().count("@jaxcc_collective(")
+  assert calls == len(DTYPES) * any(s != d for s, d in perm)
+  for dt, got, want in zip(DTYPES, mine(*xs), ref(*xs)):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), (
+        f"seed={SEED} {kind} {jnp.dtype(dt).name}")
+
+
+def test_native_ppermute_of_scalars_and_empty_arrays():
+  p = 3
+  x = shard([np.arange(p * 4, dtype=np.int32).reshape(p, 4)], p)[0]
+
+  def run(move):
+    f = jax.shard_map(lambda b: (move(b[0, 1])[None], move(b[:, :0])), mesh=mesh_of(p),
+                      in_specs=P("x"), out_specs=(P("x"), P("x")))
+    return jax.jit(f)(x)
+
+  mine = run(lambda b: jaxcc.ppermute(b, "x", ring_perm(p), executor="native"))
+  ref = run(lambda b: lax.ppermute(b, "x", ring_perm(p)))
+  for got, want in zip(mine, ref):
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_untiled_forms_match_lax():

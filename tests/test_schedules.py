@@ -5,7 +5,8 @@ import pytest
 
 from jaxcc import Topology, plan
 from jaxcc.schedules import ALGORITHMS, COPY, REDUCE, optimal_shares
-from jaxcc.schedules.planner import MAX_CHUNKS, MAX_MESSAGES, MIN_PIECE_BYTES, choose_chunks
+from jaxcc.schedules.planner import (MAX_CHUNKS, MAX_MESSAGES, MIN_PIECE_BYTES, choose_chunks,
+                                     pipelined)
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
@@ -124,5 +125,46 @@ def test_plan_errors(args, kwargs, error, match):
 def test_every_algorithm_plans_for_one_rank():
   for coll, algs in ALGORITHMS.items():
     for alg in algs:
-      s = plan(coll, 4 * 3, Topology.uniform(1, 1.0), alg)
+      kw = {"perm": [(0, 0)]} if coll == "ppermute" else {}
+      s = plan(coll, 4 * 3, Topology.uniform(1, 1.0), alg, **kw)
       assert len(s.table) == 0 and s.num_steps == 0
+
+
+@pytest.mark.parametrize("p", [1, 3, 8])
+def test_ppermute_schedule(p):
+  n, perm = 1001, [(0, 0)] + [(i, p - i) for i in range(1, p)]  # 0 stays; the rest reverse
+  s = plan("ppermute", 4 * n, Topology.uniform(p, 1.0), "direct", perm=perm, chunks=3)
+  moves = tuple((a, b) for a, b in perm if a != b)
+  assert s.collective == "ppermute" and s.perm == moves and s.length == 2 * n
+  assert s.num_steps == (3 if moves else 0) and s.chunks == 3
+  sources, destinations = np.zeros(p), np.zeros(p)
+  for a, b in moves:
+    sources[a] = destinations[b] = 4 * n
+  np.testing.assert_array_equal(s.bytes_sent(), sources)  # N from each source, nothing relayed
+  np.testing.assert_array_equal(s.bytes_received(), destinations)
+  for t, step in enumerate(s.steps):  # chunk t of the input lands at the same place in the output
+    assert sorted((x.src, x.dst) for x in step) == sorted(moves)
+    assert all(x.op == COPY and x.dst_start == n + x.src_start for x in step)
+    assert {x.src_range for x in step} == {(t * n // 3, (t + 1) * n // 3)}
+
+
+def test_ppermute_plan_pipelines_like_a_broadcast_chain():
+  topo, perm, nbytes = Topology.uniform(4, 1.0), [(i, (i + 1) % 4) for i in range(4)], 1 << 19
+  big = plan("ppermute", nbytes, topo, perm=perm)
+  assert big.algorithm == "direct" and big.chunks == choose_chunks("ppermute", nbytes, 4) == 8
+  assert pipelined(plan("ppermute", nbytes, topo, perm=perm, chunks=1), topo) == big
+  ring = plan("all_reduce", 4096, topo, "ring", chunks=1)
+  assert pipelined(ring, topo) == plan("all_reduce", 4096, topo, "ring")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "plan: perm must be a sequence of .src, dst. pairs, got None"),
+    ({"perm": [(0, 1), (2, 1)]}, "names a rank twice as source or as destination"),
+    ({"perm": [(0, 4)]}, "rank 4 in perm is outside the axis of size 4"),
+    ({"perm": [(0, 1)], "algorithm": "ring"}, r"ppermute: unsupported algorithm 'ring'.*'direct'"),
+])
+def test_ppermute_plan_errors(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    plan("ppermute", 64, Topology.uniform(4, 1.0), **kwargs)
+  with pytest.raises(ValueError, match="perm is for ppermute only"):
+    plan("broadcast", 64, Topology.uniform(4, 1.0), perm=[(0, 1)])

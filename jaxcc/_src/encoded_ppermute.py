@@ -73,23 +73,23 @@ def _move(enc: codec_lib.Encoded, length: int, axis_name: str, perm, rank) -> ja
   """``enc``'s first ``length`` payload bytes and its size, permuted, then decoded.
 
   A rank that receives nothing decodes its own bytes (any valid encoding)
-  and returns zeros. The decoded floats are selected as bits (see ``_as_bits``).
+  and returns zeros. The decoded floats are selected as bits (see ``as_bits``).
   """
   size = lax.bitcast_convert_type(enc.nbytes, jnp.uint8)
   packed = jnp.concatenate([enc.payload[:length], size])
   receives = _is_rank_in(rank, [d for _, d in perm])
   got = jnp.where(receives, lax.ppermute(packed, axis_name, perm), packed)
   nbytes = lax.bitcast_convert_type(got[length:], jnp.int32)
-  out = _as_bits(codec_lib.decode(dataclasses.replace(enc, payload=got[:length], nbytes=nbytes)))
+  out = as_bits(codec_lib.decode(dataclasses.replace(enc, payload=got[:length], nbytes=nbytes)))
   return lax.bitcast_convert_type(jnp.where(receives, out, jnp.zeros_like(out)), enc.dtype)
 
 
 def _move_raw(x: jax.Array, axis_name: str, perm) -> jax.Array:
   """``lax.ppermute`` of ``x``'s bits."""
-  return lax.bitcast_convert_type(lax.ppermute(_as_bits(x), axis_name, perm), x.dtype)
+  return lax.bitcast_convert_type(lax.ppermute(as_bits(x), axis_name, perm), x.dtype)
 
 
-def _as_bits(x: jax.Array) -> jax.Array:
+def as_bits(x: jax.Array) -> jax.Array:
   """Floats as unsigned integers of their width (XLA:CPU moves and selects bf16 as f32, which
   quiets NaN payloads); other dtypes as they are."""
   if not jnp.issubdtype(x.dtype, jnp.floating):

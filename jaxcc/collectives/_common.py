@@ -9,7 +9,7 @@ from jaxcc import codec as codec_lib
 from jaxcc._src import compat, native_executor, nccl_bootstrap, xla_executor
 from jaxcc._src.reduce import SUPPORTED_DTYPES
 from jaxcc.schedules.ir import Schedule
-from jaxcc.schedules.planner import check_algorithm, schedule_for
+from jaxcc.schedules.planner import check_algorithm, pipelined, schedule_for
 from jaxcc.topology import Topology
 
 EXECUTORS = ("auto", "native", "xla")
@@ -38,36 +38,46 @@ def native_params(axis_name) -> dict:
 
 
 def execute(buf: jax.Array, sched: Schedule, params: dict, native: bool | str) -> jax.Array:
-  """Run ``sched`` on the flat ``buf`` with the executor the params and the platform call for.
+  """Run ``sched`` on the flat ``buf`` with the executor the params and the platform call for:
+  the native one where ``run_native`` runs it, else the XLA executor."""
+  out = run_native(buf, sched, params, native)
+  if out is None:
+    out = xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"))
+  return out
+
+
+def run_native(buf: jax.Array, sched: Schedule, params: dict,
+               native: bool | str) -> jax.Array | None:
+  """Run ``sched`` on the flat ``buf`` with the native executor, or return None where it does not
+  run (then the caller runs its XLA twin; with ``executor="native"`` that is an error).
 
   ``native`` is True when lowering for the CPU: the native executor runs there
   (over TCP when the axis spans processes) unless ``executor="xla"``, some
   mesh axis is not manual (then ``group_axes`` is None), or the axis spans
   processes of a mesh whose devices are unknown. It is "cuda" when lowering
-  for a CUDA GPU: see ``_execute_cuda``.
+  for a CUDA GPU: see ``_run_cuda``.
   """
   if native == "cuda":
-    return _execute_cuda(buf, sched, params)
+    return _run_cuda(buf, sched, params)
   if native and params["executor"] != "xla" and params["group_axes"] is not None:
     procs = native_executor.process_map(params["axis_name"], params["group_axes"])
     if procs is not None:
       if len(procs):  # over TCP: the pipelined schedule, whose steps the runner overlaps
-        sched = schedule_for(sched.collective, sched.length, sched.itemsize, params["topology"],
-                             sched.algorithm, sched.root)
+        sched = pipelined(sched, params["topology"])
       return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"],
                                           procs, params["topology"], params.get("codec"))
   if params["executor"] == "native":
     raise NotImplementedError("executor='native' runs on the CPU, across processes only in a "
                               "shard_map over a mesh of devices (jax.make_mesh); use "
                               "executor='auto' or 'xla'")
-  return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"))
+  return None
 
 
-def _execute_cuda(buf: jax.Array, sched: Schedule, params: dict) -> jax.Array:
+def _run_cuda(buf: jax.Array, sched: Schedule, params: dict) -> jax.Array | None:
   """On the GPU the native executor runs over the Nccl transport when jaxcc's CUDA module has it
   and libnccl.so.2 loads; else "auto" falls back to the XLA executor and "native" is an error."""
   if params["executor"] == "xla":
-    return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"))
+    return None
   if params["group_axes"] is None:
     reason = "some mesh axis is not manual"
   else:
@@ -81,7 +91,7 @@ def _execute_cuda(buf: jax.Array, sched: Schedule, params: dict) -> jax.Array:
   if params["executor"] == "native":
     raise NotImplementedError(f"executor='native' on the GPU needs the Nccl transport: {reason}; "
                               f"use executor='auto' or 'xla'")
-  return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"))
+  return None
 
 
 def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,

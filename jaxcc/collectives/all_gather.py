@@ -62,18 +62,21 @@ def _run(x, *, gather_dimension, tiled, native, **params):
   axis_name, axis_size = params["axis_name"], params["axis_size"]
   if params["algorithm"] == "lax":
     return lax.all_gather(x, axis_name, axis=gather_dimension, tiled=tiled)
-  if not tiled:
-    x = jnp.expand_dims(x, gather_dimension)
-  front = jnp.moveaxis(x, gather_dimension, 0)
-  sched = _common.schedule("all_gather", front.size * axis_size, x.dtype, params)
-  # Placed as bits: XLA:CPU moves bf16 through f32, which would quiet NaN payloads.
+  # Moved as bits: XLA:CPU moves bf16 through f32 (and flushes subnormals), which would quiet
+  # NaN payloads, so the executor's call is the only op that sees the float type.
   word = jnp.dtype(f"uint{8 * jnp.dtype(x.dtype).itemsize}")
-  bits = lax.bitcast_convert_type(front.reshape(-1), word)
-  buf = lax.dynamic_update_slice(jnp.zeros((sched.length,), word), bits,
+  bits = lax.bitcast_convert_type(x, word)
+  if not tiled:
+    bits = jnp.expand_dims(bits, gather_dimension)
+  front = jnp.moveaxis(bits, gather_dimension, 0)
+  sched = _common.schedule("all_gather", front.size * axis_size, x.dtype, params)
+  buf = lax.dynamic_update_slice(jnp.zeros((sched.length,), word), front.reshape(-1),
                                  (lax.axis_index(axis_name) * front.size,))
   out = _common.execute(lax.bitcast_convert_type(buf, x.dtype), sched, params, native)
-  out = out.reshape((axis_size * front.shape[0],) + front.shape[1:])
-  return jnp.moveaxis(out, 0, gather_dimension)
+  out = lax.bitcast_convert_type(out, word).reshape((axis_size * front.shape[0],) +
+                                                    front.shape[1:])
+  out = lax.optimization_barrier(jnp.moveaxis(out, 0, gather_dimension))
+  return lax.bitcast_convert_type(out, x.dtype)
 
 
 def _transpose(ct, x, *, gather_dimension, tiled, **params):

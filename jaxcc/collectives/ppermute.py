@@ -4,65 +4,75 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxcc._src import compat, encoded_ppermute
 from jaxcc.collectives import _common
+from jaxcc.schedules.permute import check_perm
+from jaxcc.schedules.planner import schedule_for
+from jaxcc.topology import Topology
 
 
 def ppermute(x: jax.Array, axis_name: str, perm, *, executor: str = "auto",
              codec=None) -> jax.Array:
   """Rank ``src`` sends ``x`` to rank ``dst`` for each pair of ``perm``.
 
-  Equal to ``lax.ppermute``: a rank that receives nothing gets zeros.
-  Bytes sent per rank: ``x.nbytes`` if it is a source, in one step; with a
-  codec the encoded size instead (XLA moves static sizes: "fixed" about 0.77
-  of raw bf16, "entropy" raw plus headers). Its transpose is the inverse
-  permutation (with the same codec).
+  Equal to ``lax.ppermute`` bit for bit: a rank that receives nothing gets
+  zeros. Differentiable (its transpose is the inverse permutation, with the
+  same codec) and vmappable over other axes.
+
+  Bytes sent per rank (N = ``x.nbytes``): N by the source of each pair
+  ``(src, dst)`` with ``src != dst`` and 0 by the others, every pair at once
+  in one step; over TCP in ``chunks`` pipelined steps of ``N / chunks``
+  (``jaxcc.schedules.permute``). With a codec N counts encoded bytes: the
+  native executor sends each piece's real encoded size over TCP (about 0.67
+  of raw bf16 weights with "entropy"; devices of one process copy raw
+  memory), the XLA executor static sizes: "fixed" about 0.77 of raw bf16,
+  "entropy" raw plus headers.
 
   Args:
     x: this rank's array.
     axis_name: the mesh axis.
     perm: pairs ``(src, dst)``; each rank at most once as a source and once as
       a destination.
-    executor: "auto", "xla" or "native".
+    executor: "auto" (native where the other collectives run natively: on
+      the CPU in a shard_map over every mesh axis; XLA elsewhere), "xla"
+      (``lax.ppermute``) or "native".
     codec: None, "fixed" or "entropy" (bf16, f16 and f32 only): lossless
       compression on the wire; the result is the one ``codec=None`` gives,
       bit for bit.
   """
   size = _common.check_axis("jaxcc.ppermute", axis_name, executor, codec)
-  if executor == "native":
-    raise NotImplementedError("jaxcc.ppermute: the native executor does not run ppermute yet; "
-                              "use executor='auto' or 'xla'")
-  perm = _check_perm(perm, size)
+  perm = check_perm(perm, size, "jaxcc.ppermute")
   x = jnp.asarray(x)
   _common.check_codec("jaxcc.ppermute", codec, x.dtype)
   x = compat.make_varying(x, axis_name)
+  # The native executor's TCP pacing and pipeline depth plan on uniform ports.
+  topology = Topology.uniform(size, _common.DEFAULT_BANDWIDTH)
   return ppermute_p.bind(x, axis_name=axis_name, axis_size=size, perm=perm, executor=executor,
-                         codec=codec, **_common.native_params(axis_name))
-
-
-def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:
-  try:
-    pairs = tuple((int(s), int(d)) for s, d in perm)
-  except (TypeError, ValueError):
-    raise ValueError(f"jaxcc.ppermute: perm must be a sequence of (src, dst) pairs, "
-                     f"got {perm!r}") from None
-  srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
-  for r in srcs + dsts:
-    if not 0 <= r < size:
-      raise ValueError(f"jaxcc.ppermute: rank {r} in perm is outside the axis of size {size}")
-  if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
-    raise ValueError(f"jaxcc.ppermute: perm {pairs} names a rank twice as source or as "
-                     f"destination")
-  return pairs
+                         codec=codec, topology=topology, **_common.native_params(axis_name))
 
 
 def _abstract_eval(x, *, axis_name, **_):
   return x, {compat.NamedAxisEffect(axis_name)}
 
 
-def _run(x, *, axis_name, perm, codec, **_):
-  return encoded_ppermute.ppermute([x], axis_name, [perm], codec)[0]
+def _run(x, *, perm, native, **params):
+  axis_name = params["axis_name"]
+  sched = schedule_for("ppermute", x.size, x.dtype.itemsize, params["topology"], "direct",
+                       chunks=1, perm=perm)
+  # The input, then the output, zeros where no pair sends; placed as bits: XLA:CPU moves bf16
+  # through f32, which would quiet NaN payloads.
+  bits = encoded_ppermute.as_bits(x.reshape(-1))
+  buf = lax.bitcast_convert_type(jnp.concatenate([bits, jnp.zeros_like(bits)]), x.dtype)
+  out = _common.run_native(buf, sched, params, native)
+  if out is None:
+    return encoded_ppermute.ppermute([x], axis_name, [perm], params["codec"])[0]
+  got = encoded_ppermute.as_bits(out)[x.size:]
+  stays = [s for s, d in perm if s == d]  # left out of the schedule: they keep their input
+  if stays:
+    got = jnp.where(jnp.isin(lax.axis_index(axis_name), jnp.asarray(stays)), bits, got)
+  return lax.bitcast_convert_type(got, x.dtype).reshape(x.shape)
 
 
 def _transpose(ct, x, *, perm, **params):

@@ -18,6 +18,13 @@ Semantics (every executor and the simulator keep them):
 * Per step and rank: at most one transfer per ordered pair; written ranges are
   pairwise disjoint (the shared reduce range aside) and disjoint from the
   ranges the rank sends in that step.
+* ``ppermute``: the buffer is the input ``[0, length / 2)`` followed by the
+  output ``[length / 2, length)``. For each pair ``(src, dst)`` of ``perm``
+  (no rank twice as a source or as a destination, none its own destination)
+  rank dst's output ends as rank src's input; the output of a rank that no
+  pair names as destination is left as it was (the caller fills it with
+  zeros, as ``lax.ppermute`` gives). A rank cannot send and receive a range
+  in one step, so the output cannot overwrite the input in place.
 
 Executors may overlap steps as far as the data dependencies between ranges
 allow (read after write, write after read, write after write); the result is
@@ -41,7 +48,7 @@ OP_NAMES = {COPY: "copy", REDUCE: "reduce"}
 STEP, SRC, DST, SRC_START, DST_START, LENGTH, OP = range(7)
 NUM_COLUMNS = 7
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "ppermute")
 
 
 class Transfer(NamedTuple):
@@ -78,6 +85,7 @@ class Schedule:
     num_steps: number of steps (steps may be empty).
     root: the root rank of a broadcast.
     chunks: pipeline depth the algorithm chose (informational).
+    perm: the ``(src, dst)`` pairs of a ppermute (empty for the others).
   """
 
   collective: str
@@ -89,10 +97,12 @@ class Schedule:
   num_steps: int
   root: int = 0
   chunks: int = 1
+  perm: tuple[tuple[int, int], ...] = ()
 
   def __post_init__(self):
     if self.collective not in COLLECTIVES:
       raise ValueError(f"collective must be one of {COLLECTIVES}, got {self.collective!r}")
+    object.__setattr__(self, "perm", tuple((int(s), int(d)) for s, d in self.perm))
     table = np.asarray(self.table, dtype=np.int64).reshape(-1, NUM_COLUMNS)
     order = np.argsort(table[:, STEP], kind="stable")
     table = np.ascontiguousarray(table[order])
@@ -101,10 +111,10 @@ class Schedule:
 
   @functools.cached_property
   def digest(self) -> str:
-    """A hash of everything the executors see: equal digests, equal schedules."""
+    """A hash of all that executors and the checker see: equal digests, equal schedules."""
     h = hashlib.sha256()
     h.update(repr((self.collective, self.nranks, self.length, self.itemsize,
-                   self.num_steps, self.root)).encode())
+                   self.num_steps, self.root, self.perm)).encode())
     h.update(self.table.tobytes())
     return h.hexdigest()
 
@@ -166,14 +176,15 @@ class TableBuilder:
     self._rows.append((step, src, dst, src_start, dst_start, length, op))
 
   def build(self, collective: str, nranks: int, length: int, itemsize: int,
-            algorithm: str, root: int = 0, chunks: int = 1) -> Schedule:
+            algorithm: str, root: int = 0, chunks: int = 1,
+            perm: tuple[tuple[int, int], ...] = ()) -> Schedule:
     table = np.array(self._rows, dtype=np.int64).reshape(-1, NUM_COLUMNS)
     # Renumber the steps so that none is empty.
     used, table[:, STEP] = np.unique(table[:, STEP], return_inverse=True)
     steps = len(used)
     return Schedule(collective=collective, nranks=nranks, length=length,
                     itemsize=itemsize, algorithm=algorithm, table=table,
-                    num_steps=steps, root=root, chunks=chunks)
+                    num_steps=steps, root=root, chunks=chunks, perm=perm)
 
 
 def split(total: int, parts: int) -> np.ndarray:

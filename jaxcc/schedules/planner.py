@@ -7,6 +7,7 @@ import functools
 from jaxcc.schedules.direct import direct, direct_broadcast
 from jaxcc.schedules.ir import Schedule
 from jaxcc.schedules.optcc import optcc
+from jaxcc.schedules.permute import check_perm, permute
 from jaxcc.schedules.r2ccl import r2ccl
 from jaxcc.schedules.ring import chain_broadcast, ring
 from jaxcc.topology import Topology
@@ -16,6 +17,7 @@ ALGORITHMS = {
     "reduce_scatter": ("ring", "direct"),
     "all_gather": ("ring", "direct"),
     "broadcast": ("ring", "direct"),
+    "ppermute": ("direct",),
 }
 # What "auto" chooses among: every algorithm but the baselines kept for comparison.
 AUTO_CANDIDATES = {
@@ -23,6 +25,7 @@ AUTO_CANDIDATES = {
     "reduce_scatter": ("ring", "direct"),
     "all_gather": ("ring", "direct"),
     "broadcast": ("ring", "direct"),
+    "ppermute": ("direct",),
 }
 # Pipeline depth: at most MAX_CHUNKS chunks, pieces of at least MIN_PIECE_BYTES, at most
 # MAX_MESSAGES transfers in a schedule.
@@ -32,18 +35,23 @@ MAX_MESSAGES = 1 << 20
 
 
 def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "auto", *,
-         itemsize: int = 4, root: int = 0, chunks: int | None = None) -> Schedule:
+         itemsize: int = 4, root: int = 0, chunks: int | None = None,
+         perm=None) -> Schedule:
   """The schedule of ``collective`` on ``nbytes`` per rank over ``topology``.
 
   Args:
-    collective: "all_reduce", "reduce_scatter", "all_gather" or "broadcast".
-    nbytes: bytes of each rank's buffer (the full, unscattered buffer).
+    collective: "all_reduce", "reduce_scatter", "all_gather", "broadcast" or
+      "ppermute".
+    nbytes: bytes of each rank's buffer (the full, unscattered buffer); for a
+      ppermute, of the array each source sends (the schedule's buffer holds
+      it and the one received: ``2 nbytes``).
     topology: the ranks and their bandwidths.
     algorithm: one of ``ALGORITHMS[collective]``, or "auto" for the candidate
       with the smallest simulated time.
     itemsize: bytes per element; ``nbytes`` must be a multiple of it.
     root: the source rank of a broadcast.
     chunks: pipeline depth; by default from the cost model (``choose_chunks``).
+    perm: the ``(src, dst)`` pairs of a ppermute (required for it).
 
   Returns:
     The Schedule (cached: equal arguments give the same object).
@@ -55,15 +63,23 @@ def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "aut
   if not isinstance(nbytes, int) or nbytes < 0 or nbytes % itemsize:
     raise ValueError(
         f"plan: nbytes must be a non-negative multiple of itemsize={itemsize}, got {nbytes!r}")
-  return schedule_for(collective, nbytes // itemsize, itemsize, topology, algorithm, root, chunks)
+  if collective == "ppermute":  # hashable for the cache
+    perm = check_perm(perm, topology.size, "plan")
+  elif perm is not None:
+    raise ValueError(f"plan: perm is for ppermute only, not {collective!r}")
+  return schedule_for(collective, nbytes // itemsize, itemsize, topology, algorithm, root, chunks,
+                      perm)
 
 
 @functools.lru_cache(maxsize=256)
 def schedule_for(collective: str, length: int, itemsize: int, topology: Topology,
-                 algorithm: str, root: int = 0, chunks: int | None = None) -> Schedule:
-  """``plan`` in elements; validated, cached."""
+                 algorithm: str, root: int = 0, chunks: int | None = None,
+                 perm: tuple[tuple[int, int], ...] | None = None) -> Schedule:
+  """``plan`` in elements (``length`` per rank as ``plan``'s ``nbytes``); validated, cached."""
   p = topology.size
   check_algorithm(collective, algorithm)
+  if collective == "ppermute":
+    perm = check_perm(perm, p, "ppermute")
   if collective in ("reduce_scatter", "all_gather") and length % p:
     raise ValueError(
         f"{collective}: the buffer of {length} elements does not split into {p} equal shards; "
@@ -74,7 +90,7 @@ def schedule_for(collective: str, length: int, itemsize: int, topology: Topology
     from jaxcc.sim import simulate  # the simulator plans with the schedules; import late
     best = None
     for name in AUTO_CANDIDATES[collective]:
-      sched = schedule_for(collective, length, itemsize, topology, name, root, chunks)
+      sched = schedule_for(collective, length, itemsize, topology, name, root, chunks, perm)
       t = simulate(sched, topology).time
       if best is None or t < best[0]:
         best = (t, sched)
@@ -83,6 +99,8 @@ def schedule_for(collective: str, length: int, itemsize: int, topology: Topology
   if not isinstance(k, int) or k < 1:
     raise ValueError(f"plan: chunks must be a positive integer, got {k!r}")
   bw = topology.bandwidth
+  if collective == "ppermute":
+    return permute(perm, length, p, itemsize, k)
   if collective == "broadcast":
     if algorithm == "direct":
       return direct_broadcast(length, p, itemsize, root)
@@ -94,6 +112,16 @@ def schedule_for(collective: str, length: int, itemsize: int, topology: Topology
   if algorithm == "optcc":
     return optcc(length, p, itemsize, k, bw)
   return r2ccl(length, p, itemsize, k, bw)
+
+
+def pipelined(schedule: Schedule, topology: Topology) -> Schedule:
+  """``schedule`` planned again (collective, size, algorithm, root, perm) at the depth
+  ``choose_chunks`` picks for ``topology``."""
+  if schedule.collective == "ppermute":
+    return schedule_for("ppermute", schedule.length // 2, schedule.itemsize, topology,
+                        schedule.algorithm, perm=schedule.perm)
+  return schedule_for(schedule.collective, schedule.length, schedule.itemsize, topology,
+                      schedule.algorithm, schedule.root)
 
 
 def check_algorithm(collective: str, algorithm: str) -> None:
@@ -114,12 +142,14 @@ def choose_chunks(collective: str, nbytes: int, p: int) -> int:
   The cost model: pipeline fill and drain cost about one chunk's share of the
   busiest port, ``T_bw * c / K`` with c of order 1 (measured in the
   simulator), so deeper is better until pieces (``nbytes / (p K)`` bytes, or
-  ``nbytes / K`` for a broadcast chain) get so small that per-message costs
-  dominate, or the schedule (about ``2 p^2`` transfers per chunk) too long.
+  ``nbytes / K`` for a broadcast chain and a ppermute) get so small that
+  per-message costs dominate, or the schedule (about ``2 p^2`` transfers per
+  chunk, ``p`` for those two) too long.
   """
   p = max(p, 1)
-  per_chunk = nbytes if collective == "broadcast" else nbytes / p
-  messages = p if collective == "broadcast" else 2 * p * p
+  whole = collective in ("broadcast", "ppermute")
+  per_chunk = nbytes if whole else nbytes / p
+  messages = p if whole else 2 * p * p
   k = 1
   while (2 * k <= MAX_CHUNKS and per_chunk / (2 * k) >= MIN_PIECE_BYTES
          and 2 * k * messages <= MAX_MESSAGES):

@@ -24,6 +24,11 @@ Volumes, with ``N = nbytes`` and shards of ``N / p``:
 | reduce_scatter | (p - 1) N / p              | N / p                      | (p - 1) N   |
 | all_gather     | N / p                      | (p - 1) N / p              | (p - 1) N   |
 | broadcast      | N at the root, 0 elsewhere | 0 at the root, N elsewhere | (p - 1) N   |
+
+A ppermute has its own bound: each pair ``(s, d)`` of its perm (``s != d``)
+moves ``N`` bytes through s's send port and d's receive port, and no rank is
+in two pairs on one side, so the bound is the slowest pair's
+``N / min(S_s, R_d) + topology.message_latency(s, d)``.
 """
 
 from __future__ import annotations
@@ -31,21 +36,27 @@ from __future__ import annotations
 import numpy as np
 
 from jaxcc.schedules.ir import COLLECTIVES
+from jaxcc.schedules.permute import check_perm
 from jaxcc.topology import Topology
 
 
-def lower_bound(collective: str, nbytes: float, topology: Topology, *, root: int = 0) -> float:
+def lower_bound(collective: str, nbytes: float, topology: Topology, *, root: int = 0,
+                perm=None) -> float:
   """The least time (seconds) any schedule of ``collective`` can take on ``topology``.
 
   Args:
-    collective: one of ``"all_reduce"``, ``"reduce_scatter"``, ``"all_gather"``, ``"broadcast"``.
+    collective: one of ``"all_reduce"``, ``"reduce_scatter"``, ``"all_gather"``,
+      ``"broadcast"``, ``"ppermute"``.
     nbytes: ``N``: the buffer of each rank (all_reduce), the full input of each
-      rank (reduce_scatter), the full output (all_gather), the root's buffer (broadcast).
+      rank (reduce_scatter), the full output (all_gather), the root's buffer
+      (broadcast), the array each source sends (ppermute).
     topology: per-rank send and receive bandwidth (bytes/s) and latency (s).
     root: the root rank of a broadcast.
+    perm: the ``(src, dst)`` pairs of a ppermute (required for it).
 
   Returns:
-    The bound in seconds; 0.0 for a single rank or ``nbytes == 0``.
+    The bound in seconds; 0.0 for a single rank, ``nbytes == 0`` or a perm
+    that moves nothing.
   """
   if collective not in COLLECTIVES:
     raise ValueError(f"lower_bound: collective must be one of {COLLECTIVES}, got {collective!r}")
@@ -55,11 +66,18 @@ def lower_bound(collective: str, nbytes: float, topology: Topology, *, root: int
   p = topology.size
   if not isinstance(root, (int, np.integer)) or not 0 <= root < p:
     raise ValueError(f"lower_bound: root must be a rank in [0, {p}), got {root!r}")
+  if collective == "ppermute":
+    perm = check_perm(perm, p, "lower_bound")
+  elif perm is not None:
+    raise ValueError(f"lower_bound: perm is for ppermute only, not {collective!r}")
   if p == 1 or nbytes == 0:
     return 0.0
   n = float(nbytes)
   send = np.asarray(topology.send_bandwidth)
   recv = np.asarray(topology.recv_bandwidth)
+  if collective == "ppermute":
+    return float(max((n / min(send[s], recv[d]) + topology.message_latency(s, d)
+                      for s, d in perm if s != d), default=0.0))
   if collective == "all_reduce":
     out, into, volume = np.full(p, n), np.full(p, n), 2 * (p - 1) * n
   elif collective == "reduce_scatter":

@@ -7,7 +7,8 @@ words), a "defined" flag and the position it came from. A ``COPY`` copies all
 three; a ``REDUCE`` fails if the two sets overlap (a contribution counted twice)
 or the positions differ. ``REDUCE`` is only allowed in all_reduce and
 reduce_scatter, where every element is defined from the start. The final state
-must be the collective's result, in place, on every rank.
+must be the collective's result, in place (a ppermute's in the output half),
+on every rank.
 
 Elements are grouped into segments cut at every range boundary of the schedule
 (closed under the offsets of transfers whose source and destination ranges
@@ -20,6 +21,7 @@ import numpy as np
 
 from jaxcc.schedules import ir
 from jaxcc.schedules.ir import COPY, REDUCE, Schedule
+from jaxcc.schedules.permute import check_perm
 
 
 class ScheduleError(ValueError):
@@ -37,6 +39,10 @@ def check(schedule: Schedule) -> None:
     element is defined and holds exactly {owner of its shard}.
   * broadcast: the root holds {root}, the others are undefined; finally every
     element holds {root}.
+  * ppermute (``n = length / 2``): r holds {r} on the input ``[0, n)``,
+    undefined on the output ``[n, 2n)``; finally for each ``(src, dst)`` of
+    ``perm`` element ``n + i`` of dst holds element i of src, and the output
+    of a rank no pair sends to is still undefined. Inputs may end as anything.
 
   Args:
     schedule: the schedule to prove.
@@ -53,13 +59,22 @@ def check(schedule: Schedule) -> None:
   writer = _execute(schedule, cuts, bits.reshape(p * nseg, -1), defined.reshape(-1),
                     origin).reshape(p, nseg)
   origin = origin.reshape(p, nseg)
-  misplaced = origin != cuts[:-1]
+  half = schedule.length // 2
+  output = cuts[:-1] >= half  # the ppermute's output half
+  home = cuts[:-1] - half * output if coll == "ppermute" else cuts[:-1]
+  misplaced = origin != home
   wrong = ~defined | (bits != want).any(-1) | misplaced
   if coll == "reduce_scatter":
     wrong &= _owner(schedule, cuts)[None, :] == np.arange(p)[:, None]
+  receives = np.zeros(p, bool)
+  receives[[d for _, d in schedule.perm]] = True
+  if coll == "ppermute":
+    wrong = np.where(receives[:, None], wrong, defined) & output[None, :]
   if wrong.any():
     r, g = np.unravel_index(np.argmax(wrong), wrong.shape)
-    if not defined[r, g]:
+    if coll == "ppermute" and not receives[r]:
+      what = f"holds data of {_ranks(bits[r, g])} but no pair of the perm sends to rank {r}"
+    elif not defined[r, g]:
       what = "is undefined"
     elif misplaced[r, g]:
       what = f"holds element {origin[r, g]} (misplaced)"
@@ -86,6 +101,12 @@ def _states(schedule: Schedule, cuts):
   elif coll == "broadcast":
     defined = np.broadcast_to(ranks[:, None] == schedule.root, (p, nseg))
     want = rank_bits[schedule.root]
+  elif coll == "ppermute":  # each rank's output half wants its source's input
+    defined = np.broadcast_to(cuts[None, :-1] < schedule.length // 2, (p, nseg))
+    source = ranks.copy()
+    for src, dst in schedule.perm:
+      source[dst] = src
+    want = rank_bits[source][:, None]
   else:
     defined, want = np.ones((p, nseg), bool), np.bitwise_or.reduce(rank_bits)
   bits = np.where(defined[..., None], rank_bits[:, None], np.uint64(0))
@@ -154,6 +175,10 @@ def validate(schedule: Schedule) -> np.ndarray:
                         f"(equal shards), got length {length}")
   if coll == "broadcast" and not 0 <= schedule.root < p:
     raise ScheduleError(f"{_name(schedule)}: root {schedule.root} outside [0, {p})")
+  if coll == "ppermute":
+    _validate_perm(schedule)
+  elif schedule.perm:
+    raise ScheduleError(f"{_name(schedule)}: perm is for ppermute only")
   table = schedule.table
   if not len(table):
     return table
@@ -167,7 +192,7 @@ def validate(schedule: Schedule) -> np.ndarray:
       (n <= 0, src, "length must be > 0"),
       ((src_start < 0) | (src_start + n > length), src, f"src range outside [0, {length})"),
       ((dst_start < 0) | (dst_start + n > length), dst, f"dst range outside [0, {length})"),
-      ((op == REDUCE) & (coll in ("all_gather", "broadcast")), dst,
+      ((op == REDUCE) & (coll in ("all_gather", "broadcast", "ppermute")), dst,
        f"reduce is not allowed in {coll}"),
   )
   for bad, rank, what in rules:
@@ -224,6 +249,21 @@ def validate(schedule: Schedule) -> np.ndarray:
   return table
 
 
+def _validate_perm(schedule: Schedule) -> None:
+  """A ppermute's buffer halves and perm: valid pairs, none a rank's own destination."""
+  if schedule.length % 2:
+    raise ScheduleError(f"{_name(schedule)}: ppermute needs an even length (the input half and "
+                        f"the output half), got length {schedule.length}")
+  try:
+    check_perm(schedule.perm, schedule.nranks, _name(schedule))
+  except ValueError as e:
+    raise ScheduleError(str(e)) from None
+  for src, dst in schedule.perm:
+    if src == dst:
+      raise ScheduleError(f"{_name(schedule)}: perm pair ({src}, {dst}) sends rank {src} to "
+                          f"itself; leave it out (the caller keeps the input)")
+
+
 def _cuts(schedule: Schedule) -> np.ndarray:
   """Segment boundaries: every range boundary, closed under transfer offsets."""
   table, length, p = schedule.table, schedule.length, schedule.nranks
@@ -231,6 +271,8 @@ def _cuts(schedule: Schedule) -> np.ndarray:
   bounds = [[0, length], src_start, src_start + n, dst_start, dst_start + n]
   if schedule.collective in ("reduce_scatter", "all_gather"):
     bounds.append(np.arange(p + 1) * (length // p))
+  if schedule.collective == "ppermute":
+    bounds.append([length // 2])
   cuts = _unique(np.concatenate(bounds))
   moved = src_start != dst_start
   a, b, m = src_start[moved], dst_start[moved], n[moved]

@@ -71,9 +71,9 @@ def four_stage(p: int, chunks: int, piece: int = 1, itemsize: int = 1) -> Schedu
 
 
 def build(collective: str, p: int, length: int, rows, root: int = 0,
-          itemsize: int = 1) -> Schedule:
+          itemsize: int = 1, perm=()) -> Schedule:
   """A schedule from rows ``(step, src, dst, src_start, dst_start, length, op)``."""
   tb = TableBuilder()
   for row in rows:
     tb.add(*row)
-  return tb.build(collective, p, length, itemsize, "hand", root=root)
+  return tb.build(collective, p, length, itemsize, "hand", root=root, perm=perm)

@@ -107,7 +107,24 @@ def test_fault_free_ring_time():
     (("all_reduce", -1), {}, "nbytes must be a finite number >= 0, got -1"),
     (("all_reduce", float("nan")), {}, "nbytes must be a finite number >= 0"),
     (("broadcast", 8), {"root": 4}, r"root must be a rank in \[0, 4\), got 4"),
+    (("ppermute", 8), {}, r"lower_bound: perm must be a sequence of \(src, dst\) pairs, got None"),
+    (("ppermute", 8), {"perm": [(0, 4)]}, r"rank 4 in perm is outside the axis of size 4"),
+    (("all_reduce", 8), {"perm": [(0, 1)]}, r"perm is for ppermute only, not 'all_reduce'"),
 ])
 def test_bad_arguments(args, kwargs, message):
   with pytest.raises(ValueError, match=message):
     lower_bound(*args, Topology.uniform(4, 1.0), **kwargs)
+
+
+def test_ppermute_is_bound_by_its_slowest_pair():
+  topology = Topology((4.0, 2.0, 4.0, 4.0), (4.0, 4.0, 1.0, 4.0), (0.1, 0.3, 0.2, 0.1))
+  # Pair (1, 2): N / min(S_1, R_2) = 8 / 1 plus max(0.3, 0.2); the fixed point (3, 3) is free.
+  perm = [(0, 1), (1, 2), (3, 3)]
+  assert lower_bound("ppermute", 8, topology, perm=perm) == pytest.approx(8 / 1.0 + 0.3)
+  assert lower_bound("ppermute", 8, topology, perm=[(2, 0)]) == pytest.approx(8 / 4.0 + 0.2)
+  assert lower_bound("ppermute", 8, topology, perm=[(3, 3)]) == 0.0
+  assert lower_bound("ppermute", 8, topology, perm=[]) == 0.0
+  moves = perm[:2]
+  schedule = build("ppermute", 4, 16, [(0, s, d, 0, 8, 8, COPY) for s, d in moves], perm=moves)
+  check(schedule)
+  assert simulate(schedule, topology).time >= lower_bound("ppermute", 8, topology, perm=perm)

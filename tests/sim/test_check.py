@@ -129,6 +129,7 @@ def test_overlapping_writes():
     ("all_reduce", (0, 0, 1, 0, 0, 1, 7), r"op is neither copy \(0\) nor reduce \(1\)"),
     ("broadcast", (0, 0, 1, 0, 0, 1, REDUCE), r"rank 1: reduce is not allowed in broadcast"),
     ("all_gather", (0, 0, 1, 0, 0, 1, REDUCE), r"rank 1: reduce is not allowed in all_gather"),
+    ("ppermute", (0, 0, 1, 0, 2, 1, REDUCE), r"rank 1: reduce is not allowed in ppermute"),
 ])
 def test_bad_transfers(collective, row, message):
   with pytest.raises(ScheduleError, match=r"step 0, transfer #0 .*" + message):
@@ -161,3 +162,64 @@ def test_plan_schedules_are_correct(collective, algorithm):
       # reduce_scatter and all_gather need equal shards: there `length` is per shard.
       total = length if collective == "all_reduce" else length * p
       check(plan(collective, 4 * total, topology, algorithm, itemsize=4))
+
+
+def ppermute_rows(perm, n, chunks=1):
+  """Each source's input ``[0, n)`` to its destination's output ``[n, 2n)``, chunk c at step c."""
+  bounds = [c * n // chunks for c in range(chunks + 1)]
+  return [(c, s, d, bounds[c], n + bounds[c], bounds[c + 1] - bounds[c], COPY)
+          for c in range(chunks) for s, d in perm]
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8, 13])
+def test_correct_ppermute_schedules_pass(p):
+  perms = ([(i, (i + 1) % p) for i in range(p)],     # a cycle
+           [(i, i + p // 2) for i in range(p // 2)],  # half the ranks receive nothing
+           [(i, p - 1 - i) for i in range(p) if 2 * i + 1 != p],  # a reversal, no fixed point
+           [])
+  for perm in perms:
+    for chunks in (1, 3):
+      check(build("ppermute", p, 2 * 7, ppermute_rows(perm, 7, chunks), perm=perm))
+
+
+def test_plan_ppermute_schedules_are_correct():
+  rng = np.random.default_rng(0)
+  for p in range(1, 65):
+    topology = Topology.uniform(p, 1e9)
+    dsts = rng.permutation(p)
+    perm = [(s, int(d)) for s, d in zip(range(p), dsts) if rng.random() < 0.8]  # fixed points too
+    for length in sorted({1, 2, 3, p + 1, 97, 1000}):
+      for chunks in (None, 1, 4):
+        check(plan("ppermute", 4 * length, topology, perm=perm, itemsize=4, chunks=chunks))
+
+
+@pytest.mark.parametrize("rows, perm, message", [
+    ([(0, 0, 1, 0, 3, 3, COPY)], ((0, 1), (1, 0)),
+     r"rank 0: element 3 is undefined at the end; no transfer writes it"),
+    ([(0, 1, 2, 0, 3, 3, COPY)], ((0, 2),), r"step 0, transfer #0 \(1->2 copy \[0, 3\) -> "
+     r"\[3, 6\)\): rank 2: element 3 holds rank \{1\} instead of rank \{0\}"),
+    ([(0, 0, 1, 0, 3, 3, COPY), (0, 0, 2, 0, 3, 3, COPY)], ((0, 1),),
+     r"transfer #1 .*: rank 2: element 3 holds data of rank \{0\} but no pair of the perm sends "
+     r"to rank 2"),
+    ([(0, 0, 1, 0, 4, 2, COPY), (1, 0, 1, 2, 3, 1, COPY)], ((0, 1),),
+     r"step 1, .*: rank 1: element 3 holds element 2 \(misplaced\)"),
+    # In place: rank 0 would send [0, 3) while rank 1's input overwrites it in the same step.
+    ([(0, 0, 1, 0, 0, 3, COPY), (0, 1, 0, 0, 0, 3, COPY)], ((0, 1), (1, 0)),
+     r"rank 0: sends \[0, 3\) while transfer #1 writes \[0, 3\) into it in the same step"),
+])
+def test_broken_ppermute_schedules(rows, perm, message):
+  with pytest.raises(ScheduleError, match=message):
+    check(build("ppermute", 3, 6, rows, perm=perm))
+
+
+@pytest.mark.parametrize("collective, length, perm, message", [
+    ("ppermute", 5, (), r"ppermute needs an even length \(the input half and the output half\), "
+     r"got length 5"),
+    ("ppermute", 6, ((0, 1), (1, 1)), r"perm \(\(0, 1\), \(1, 1\)\) names a rank twice"),
+    ("ppermute", 6, ((0, 3),), r"rank 3 in perm is outside the axis of size 3"),
+    ("ppermute", 6, ((1, 1),), r"perm pair \(1, 1\) sends rank 1 to itself; leave it out"),
+    ("all_gather", 6, ((0, 1),), r"perm is for ppermute only"),
+])
+def test_bad_ppermute_attributes(collective, length, perm, message):
+  with pytest.raises(ScheduleError, match=message):
+    check(build(collective, 3, length, [], perm=perm))

@@ -13,7 +13,10 @@
 // rank pair; empty: unpaced) and `codec` (0: raw pieces, else the codec id of
 // jaxcc/codec.h every piece travels in: piece_codec.h) are for the Tcp
 // transport; devices of one process read each other's memory, so InProcess
-// never encodes.
+// never encodes. `dtype` (0: x's own) is the XLA FFI type of the elements
+// when x holds their bits: floats travel as unsigned words, which XLA:CPU
+// moves without converting them (it moves bf16 through f32, quieting NaN
+// payloads and flushing subnormals).
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -91,8 +94,14 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
                           ffi::Span<const int64_t> table, int64_t num_steps, int64_t nranks,
                           int64_t op_id, int64_t digest, std::string_view name,
                           ffi::Span<const int64_t> procs, ffi::Span<const int64_t> pacing,
-                          int64_t codec_id) {
+                          int64_t codec_id, int64_t dtype_id) {
   const std::string what = "jaxcc " + std::string(name) + " (op " + std::to_string(op_id) + ")";
+  const ffi::DataType dtype =
+      dtype_id ? static_cast<ffi::DataType>(dtype_id) : x.element_type();
+  if (ffi::ByteWidth(dtype) != ffi::ByteWidth(x.element_type())) {
+    return ffi::Error::InvalidArgument(what + ": dtype " + std::to_string(dtype_id) +
+                                       " is not as wide as the buffer's elements");
+  }
   const int rank = rank_buf.typed_data()[0];
   const int64_t group = group_buf.typed_data()[0];
   const size_t itemsize = ffi::ByteWidth(x.element_type());
@@ -114,7 +123,7 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
   std::unique_ptr<HostPieceCodec> codec;
   if (err.empty() && codec_id != 0) {
     codec::DTypeId d;
-    ffi::Error bad = codec::CheckDType(what, x.element_type(), &d);
+    ffi::Error bad = codec::CheckDType(what, dtype, &d);
     if (!bad.success()) return bad;
     if (codec_id != codec::kFixed && codec_id != codec::kEntropy) {
       err = "unknown codec id " + std::to_string(codec_id);
@@ -126,7 +135,7 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
 
   const std::chrono::seconds timeout = TimeoutFromEnv();
-  HostKernels kernels(x.element_type());
+  HostKernels kernels(dtype);
   if (AllLocal(procs, group, nranks)) {
     const InProcessTransport::Key key{run_id.run_id, op_id, group,
                                       InProcessTransport::NextInstance(run_id.run_id, op_id,
@@ -172,4 +181,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccCollective, jaxcc::CollectiveImpl,
                                   .Attr<std::string_view>("name")
                                   .Attr<ffi::Span<const int64_t>>("procs")    // rank -> process
                                   .Attr<ffi::Span<const int64_t>>("pacing")   // bytes/s per pair
-                                  .Attr<int64_t>("codec"));  // 0: raw, else codec id
+                                  .Attr<int64_t>("codec")    // 0: raw, else codec id
+                                  .Attr<int64_t>("dtype"));  // 0: x's, else the elements'
