@@ -278,6 +278,31 @@ def test_native_ppermute_of_scalars_and_empty_arrays():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("p", [3, 8])
+def test_copies_keep_every_bit_of_special_values(dtype, p):
+  """NaN payloads, signalling NaNs, subnormals and -0.0 come out of all_gather (every axis and
+  form), broadcast and ppermute unchanged, also where the result is transposed: XLA:CPU moves
+  bf16 and f16 through f32 (quieting NaNs, flushing subnormals), so floats cross the native call
+  as bits. ``lax.all_gather`` itself does not keep them on an inner axis."""
+  from bitwise import float_data  # noqa: PLC0415
+  host = float_data("special", p * 4 * 6, dtype, np.random.default_rng([SEED, p])).reshape(
+      p * 4, 6)
+  blocks = np.split(host, p)
+  x = jax.device_put(host, NamedSharding(mesh_of(p), P("x")))
+  cases = [(f"all_gather axis={a} tiled={t}",
+            lambda b, a=a, t=t: jaxcc.all_gather(b, "x", axis=a, tiled=t, algorithm="ring"),
+            (np.concatenate if t else np.stack)(blocks, axis=a))
+           for a in (0, 1) for t in (True, False)]
+  cases += [("broadcast", lambda b: jaxcc.broadcast(b.T, "x", root=1), blocks[1].T),
+            ("ppermute", lambda b: jaxcc.ppermute(b.T, "x", perms_of(p)["cycle"]),
+             blocks[-1].T)]
+  for name, fn, want in cases:
+    got = jax.jit(jax.shard_map(fn, mesh=mesh_of(p), in_specs=P("x"), out_specs=P(),
+                                check_vma=False))(x)
+    assert np.asarray(got).tobytes() == want.tobytes(), f"seed={SEED} {name}"
+
+
 def test_untiled_forms_match_lax():
   p = 4
   mesh = mesh_of(p)
