@@ -6,11 +6,13 @@ checked byte for byte against the numpy twin, round tripped bit for bit on
 adversarial data, and must fail, never decode, when corrupted or truncated.
 """
 
+import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
 
 import bitwise
 from jaxcc import _jaxcc_cpu
+from jaxcc._src.reduce import reduce_sum_reference
 from jaxcc.codec import reference
 
 SEGMENT = reference.ENTROPY_BLOCK
@@ -61,6 +63,28 @@ class PieceCodecTest(parameterized.TestCase):
   def test_only_dense_bf16_and_f32_entropy_pieces_split(self, dtype, kind, codec):
     x = make(kind, 4099, dtype)
     self.assertEqual(encode(x, codec, split=True), encode(x, codec, split=False))
+
+  @parameterized.product(codec=("fixed", "entropy"), dtype=("bfloat16", "float16", "float32"),
+                         k=(1, 3), n=SIZES)
+  def test_a_reduce_hop_sums_and_re_encodes_in_one_pass(self, codec, dtype, k, n):
+    """Pieces split and segmented alike are summed in jaxcc_reduce's order and rounding (its
+    pure-JAX twin gives the bits), and the sum is encoded as a send would encode it."""
+    name = reference.CODEC_IDS[codec], reference.DTYPE_IDS[dtype]
+    own, *xs = (make(kind, n, dtype) for kind in ["weights", "special", "weights", "bits"][:k + 1])
+    pieces = [encode(x, codec, split=i % 2 == 0) for i, x in enumerate(xs)]
+    total, encoded = _jaxcc_cpu.piece_decode_reduce(*name, pieces, own.tobytes(), True)
+    want = np.asarray(reduce_sum_reference([jnp.asarray(v) for v in [own, *xs]]))
+    self.assertEqual(total, want.tobytes(), f"seed={SEED}")
+    self.assertEqual(encoded, encode(want, codec, split=False), f"seed={SEED}")
+    alone, nothing = _jaxcc_cpu.piece_decode_reduce(*name, pieces, own.tobytes(), False)
+    self.assertEqual((alone, nothing), (total, b""))
+
+  def test_a_reduce_hop_names_the_piece_that_does_not_decode(self):
+    own, x = make("weights", 4099, "bfloat16"), make("weights", 4099, "bfloat16")
+    good = encode(x, "entropy", split=False)
+    bad = good[:-1] + bytes([good[-1] ^ 4])
+    with self.assertRaisesRegex(ValueError, "cannot sum piece 1: .*checksum"):
+      _jaxcc_cpu.piece_decode_reduce(2, 1, [good, bad], own.tobytes(), True)
 
   @parameterized.product(split=(False, True), codec=("fixed", "entropy"))
   def test_a_corrupted_or_truncated_piece_fails(self, split, codec):

@@ -40,23 +40,6 @@ namespace ffi = xla::ffi;
 namespace jaxcc {
 namespace {
 
-class HostKernels final : public Kernels {
- public:
-  explicit HostKernels(ffi::DataType dtype) : dtype_(dtype) {}
-  std::string Copy(char* dst, const char* src, size_t bytes) override {
-    if (dst != src) std::memmove(dst, src, bytes);
-    return "";
-  }
-  std::string Reduce(const char* const* inputs, size_t k, char* out, size_t n) override {
-    ffi::Error err =
-        ReduceOnHost(dtype_, reinterpret_cast<const void* const*>(inputs), k, out, n);
-    return err.success() ? "" : err.message();
-  }
-
- private:
-  ffi::DataType dtype_;
-};
-
 std::chrono::seconds TimeoutFromEnv() {
   const char* env = std::getenv("JAXCC_TIMEOUT_S");
   long seconds = env ? std::strtol(env, nullptr, 10) : 0;

@@ -1,6 +1,7 @@
 // _jaxcc_cpu: the CPU FFI handlers of jaxcc, registered for platform "cpu" by
 // jaxcc/_src/ffi.py.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "jaxcc/module.h"
 #include "piece_codec.h"
+#include "reduce_host.h"
 #include "tcp.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -99,4 +101,35 @@ NB_MODULE(_jaxcc_cpu, m) {
       },
       nb::arg("codec"), nb::arg("dtype"), nb::arg("data"), nb::arg("n"),
       "Decodes a piece of n elements that piece_encode made.");
+  m.def(
+      "piece_decode_reduce",
+      [piece_codec](int codec, int dtype, std::vector<nb::bytes> pieces, nb::bytes own,
+                    bool encode) {
+        namespace c = jaxcc::codec;
+        jaxcc::HostPieceCodec pc = piece_codec(codec, dtype, 0);
+        const size_t n = own.size() / c::Info(static_cast<c::DTypeId>(dtype)).elem_bytes;
+        static constexpr xla::ffi::DataType kTypes[] = {xla::ffi::BF16, xla::ffi::F16,
+                                                        xla::ffi::F32};
+        jaxcc::HostKernels kernels(kTypes[dtype - 1]);
+        std::string sum(own.c_str(), own.size()), out(encode ? pc.MaxBytes(n) : 0, '\0');
+        std::vector<const char*> in;
+        std::vector<uint64_t> sizes;
+        for (const nb::bytes& p : pieces) {
+          in.push_back(p.c_str());
+          sizes.push_back(p.size());
+        }
+        uint64_t out_bytes = 0;
+        size_t bad = 0;
+        const std::string err =
+            pc.DecodeReduce(in.data(), sizes.data(), in.size(), sum.data(), n, kernels,
+                            encode ? out.data() : nullptr, &out_bytes, &bad);
+        if (!err.empty()) {
+          throw std::invalid_argument("jaxcc: cannot sum piece " + std::to_string(bad) + ": " +
+                                      err);
+        }
+        return std::make_pair(nb::bytes(sum.data(), sum.size()), nb::bytes(out.data(), out_bytes));
+      },
+      nb::arg("codec"), nb::arg("dtype"), nb::arg("pieces"), nb::arg("own"), nb::arg("encode"),
+      "own + pieces[0] + ... summed in one pass as a reduce hop does (jaxcc_reduce's order and "
+      "rounding), and, if `encode`, the sum encoded as a segmented piece.");
 }

@@ -5,7 +5,10 @@
 #define JAXCC_CPU_REDUCE_HOST_H_
 
 #include <cstddef>
+#include <cstring>
+#include <string>
 
+#include "jaxcc/transport.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcc {
@@ -14,6 +17,24 @@ namespace jaxcc {
 // as jaxcc_reduce computes it; `out` may be one of the inputs.
 xla::ffi::Error ReduceOnHost(xla::ffi::DataType dtype, const void* const* inputs, size_t k,
                              void* out, size_t n);
+
+// The schedule interpreters' kernels on the host: memmove and ReduceOnHost.
+class HostKernels final : public Kernels {
+ public:
+  explicit HostKernels(xla::ffi::DataType dtype) : dtype_(dtype) {}
+  std::string Copy(char* dst, const char* src, size_t bytes) override {
+    if (dst != src) std::memmove(dst, src, bytes);
+    return "";
+  }
+  std::string Reduce(const char* const* inputs, size_t k, char* out, size_t n) override {
+    xla::ffi::Error err =
+        ReduceOnHost(dtype_, reinterpret_cast<const void* const*>(inputs), k, out, n);
+    return err.success() ? "" : err.message();
+  }
+
+ private:
+  xla::ffi::DataType dtype_;
+};
 
 }  // namespace jaxcc
 
