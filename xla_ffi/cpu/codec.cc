@@ -3,8 +3,8 @@
 //
 // One thread per call; every loop works on one block at a time (256
 // elements for "fixed", 65536 for "entropy") in L1/L2-resident scratch.
-// Huffman sub-streams are coded and decoded four at a time, interleaved, so
-// the four dependency chains overlap; decoding takes up to six symbols per
+// Huffman sub-streams are coded two and decoded four at a time, interleaved,
+// so their dependency chains overlap; decoding takes up to six symbols per
 // table lookup from a 64-bit bit buffer refilled branch-free, and joins each
 // group of four sub-streams with the other planes while it is in L1.
 //
@@ -13,6 +13,7 @@
 // the coding (just before a block is decoded, just after it is encoded), and
 // outputs of kStreamingBytes or more are written with streaming stores.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -736,61 +737,88 @@ struct BitWriter {
   }
 };
 
-// Encodes symbols into up to four sub-streams at once, each flushed every
-// four symbols; writes the u16 sizes and returns the end of the data.
+// Codes four whole sub-streams into tmp, two at a time (four writers would
+// not fit in the registers), and leaves their writers in w. A unit is one
+// symbol (kUnitSymbols = 1) or a pair of them (2); a stream is flushed every
+// four symbols. Per unit: a load, a shift and an or for the code and an add
+// from memory for the length.
+template <uint32_t kUnitSymbols, typename Unit>
+__attribute__((always_inline)) inline void CodeFourSubStreams(
+    const Unit* units, const uint64_t* code, const uint32_t* len,
+    uint8_t (*tmp)[kSubStreamBytes], BitWriter* w) {
+  constexpr uint32_t kPerStream = kSubStream / kUnitSymbols, kPerFlush = 4 / kUnitSymbols;
+  auto put = [code, len](const Unit* u, uint64_t& b, uint32_t& nb) {
+    for (uint32_t t = 0; t < kPerFlush; ++t) {
+      b |= code[u[t]] << nb;
+      nb += len[u[t]];
+    }
+  };
+  auto flush = [](uint8_t*& o, uint64_t& b, uint32_t& nb) {
+    StoreLE64(o, b);
+    o += nb >> 3;
+    b >>= nb & ~7u;
+    nb &= 7;
+  };
+  for (uint32_t j = 0; j < 4; j += 2) {
+    const Unit* q = units + j * kPerStream;
+    uint8_t* p0 = tmp[j];
+    uint8_t* p1 = tmp[j + 1];
+    uint64_t b0 = 0, b1 = 0;
+    uint32_t n0 = 0, n1 = 0;
+    for (uint32_t i = 0; i < kPerStream; i += kPerFlush) {
+      put(q + i, b0, n0);
+      put(q + kPerStream + i, b1, n1);
+      flush(p0, b0, n0);
+      flush(p1, b1, n1);
+    }
+    w[j] = {p0, b0, n0};
+    w[j + 1] = {p1, b1, n1};
+  }
+}
+
+// Encodes symbols into sub-streams, each flushed every four symbols; writes
+// the u16 sizes and returns the end of the data. When the symbols span fewer
+// than 32 values (exponent planes), whole groups of four sub-streams are
+// coded a pair of symbols per lookup, the pair indexed by both mod 32.
 JAXCC_CPU_CLONES uint8_t* EncodeSubStreams(const uint8_t* sym, uint64_t c, const uint16_t* code,
                                            const uint8_t* len, uint8_t* out, uint8_t* sizes_out) {
   const uint32_t subs = NumSubStreams(c);
   alignas(64) uint8_t tmp[4][kSubStreamBytes];
-  uint32_t cl[256];
-  for (int s = 0; s < 256; ++s) cl[s] = code[s] | uint32_t{len[s]} << 16;
+  uint64_t cw[256];
+  uint32_t lw[256];
+  uint32_t lo = 255, hi = 0;
+  for (uint32_t s = 0; s < 256; ++s) {
+    cw[s] = code[s];
+    lw[s] = len[s];
+    if (len[s]) {
+      lo = std::min(lo, s);
+      hi = s;
+    }
+  }
+  const bool pairs = hi - lo < 32;
+  uint64_t pair_code[1024];
+  uint32_t pair_len[1024];
+  for (uint32_t a = lo; pairs && a <= hi; ++a) {
+    for (uint32_t b = lo; b <= hi; ++b) {
+      const uint32_t ix = (a & 31) | (b & 31) << 5;
+      pair_code[ix] = cw[a] | cw[b] << len[a];
+      pair_len[ix] = lw[a] + lw[b];
+    }
+  }
   uint8_t* o = out;
   for (uint32_t s0 = 0; s0 < subs; s0 += 4) {
     const uint32_t k = std::min<uint32_t>(4, subs - s0);
     BitWriter w[4] = {{tmp[0]}, {tmp[1]}, {tmp[2]}, {tmp[3]}};
     const uint64_t first = uint64_t{s0} * kSubStream;
-    if (k == 4 && first + 4 * kSubStream <= c) {
-      // The four writers in locals (registers), a code and its length in one
-      // table entry, four symbols of each stream per load.
+    if (k == 4 && first + 4 * kSubStream <= c && pairs) {
+      uint16_t ix[2 * kSubStream];
       const uint8_t* q = sym + first;
-      uint8_t* p0 = tmp[0];
-      uint8_t* p1 = tmp[1];
-      uint8_t* p2 = tmp[2];
-      uint8_t* p3 = tmp[3];
-      uint64_t b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-      uint32_t n0 = 0, n1 = 0, n2 = 0, n3 = 0;
-      auto put4 = [cl](uint32_t four, uint64_t& b, uint32_t& nb) {
-        for (int t = 0; t < 4; ++t) {
-          const uint32_t e = cl[(four >> (8 * t)) & 0xff];
-          b |= uint64_t{e & 0xffff} << nb;
-          nb += e >> 16;
-        }
-      };
-      auto flush = [](uint8_t*& o, uint64_t& b, uint32_t& nb) {
-        StoreLE64(o, b);
-        o += nb >> 3;
-        b >>= nb & ~7u;
-        nb &= 7;
-      };
-      for (size_t i = 0; i < kSubStream; i += 4) {
-        uint32_t f0, f1, f2, f3;
-        std::memcpy(&f0, q + i, 4);
-        std::memcpy(&f1, q + kSubStream + i, 4);
-        std::memcpy(&f2, q + 2 * kSubStream + i, 4);
-        std::memcpy(&f3, q + 3 * kSubStream + i, 4);
-        put4(f0, b0, n0);
-        put4(f1, b1, n1);
-        put4(f2, b2, n2);
-        put4(f3, b3, n3);
-        flush(p0, b0, n0);
-        flush(p1, b1, n1);
-        flush(p2, b2, n2);
-        flush(p3, b3, n3);
+      for (uint32_t i = 0; i < 2 * kSubStream; ++i) {
+        ix[i] = static_cast<uint16_t>((q[2 * i] & 31) | (q[2 * i + 1] & 31) << 5);
       }
-      w[0] = {p0, b0, n0};
-      w[1] = {p1, b1, n1};
-      w[2] = {p2, b2, n2};
-      w[3] = {p3, b3, n3};
+      CodeFourSubStreams<2>(ix, pair_code, pair_len, tmp, w);
+    } else if (k == 4 && first + 4 * kSubStream <= c) {
+      CodeFourSubStreams<1>(sym + first, cw, lw, tmp, w);
     } else {
       for (uint32_t j = 0; j < k; ++j) {
         const uint64_t lo = first + uint64_t{j} * kSubStream;
@@ -1193,8 +1221,10 @@ EntropyScratch& Scratch() {
   return *scratch;
 }
 
-// Splits m elements into byte planes; returns the number of +0.0 elements.
-template <DTypeId D>
+// Splits m elements into byte planes: the exponent plane if kExponents, the
+// sign+mantissa planes if kSignMantissa (planes[0] and planes[1..] are only
+// touched when written); returns the number of +0.0 elements.
+template <DTypeId D, bool kExponents = true, bool kSignMantissa = true>
 JAXCC_CPU_CLONES uint32_t SplitBlock(const Bits<D>* __restrict v, uint32_t m,
                                      uint8_t* const* planes) {
   uint32_t z = 0;
@@ -1203,17 +1233,19 @@ JAXCC_CPU_CLONES uint32_t SplitBlock(const Bits<D>* __restrict v, uint32_t m,
   if constexpr (D == kBF16) {
     for (uint32_t i = 0; i < m; ++i) {
       const uint16_t x = v[i];
-      p0[i] = static_cast<uint8_t>(x >> 7);
-      p1[i] = static_cast<uint8_t>(((x >> 8) & 0x80u) | (x & 0x7fu));
+      if constexpr (kExponents) p0[i] = static_cast<uint8_t>(x >> 7);
+      if constexpr (kSignMantissa) p1[i] = static_cast<uint8_t>(((x >> 8) & 0x80u) | (x & 0x7fu));
       z += x == 0;
     }
   } else if constexpr (D == kF16) {
     uint8_t* __restrict p2 = planes[2];
     for (uint32_t i = 0; i < m; ++i) {
       const uint16_t x = v[i];
-      p0[i] = static_cast<uint8_t>((x >> 10) & 0x1fu);
-      p1[i] = static_cast<uint8_t>(x);
-      p2[i] = static_cast<uint8_t>(((x >> 13) & 4u) | ((x >> 8) & 3u));
+      if constexpr (kExponents) p0[i] = static_cast<uint8_t>((x >> 10) & 0x1fu);
+      if constexpr (kSignMantissa) {
+        p1[i] = static_cast<uint8_t>(x);
+        p2[i] = static_cast<uint8_t>(((x >> 13) & 4u) | ((x >> 8) & 3u));
+      }
       z += x == 0;
     }
   } else {
@@ -1221,14 +1253,31 @@ JAXCC_CPU_CLONES uint32_t SplitBlock(const Bits<D>* __restrict v, uint32_t m,
     uint8_t* __restrict p3 = planes[3];
     for (uint32_t i = 0; i < m; ++i) {
       const uint32_t x = v[i];
-      p0[i] = static_cast<uint8_t>(x >> 23);
-      p1[i] = static_cast<uint8_t>(x);
-      p2[i] = static_cast<uint8_t>(x >> 8);
-      p3[i] = static_cast<uint8_t>(((x >> 24) & 0x80u) | ((x >> 16) & 0x7fu));
+      if constexpr (kExponents) p0[i] = static_cast<uint8_t>(x >> 23);
+      if constexpr (kSignMantissa) {
+        p1[i] = static_cast<uint8_t>(x);
+        p2[i] = static_cast<uint8_t>(x >> 8);
+        p3[i] = static_cast<uint8_t>(((x >> 24) & 0x80u) | ((x >> 16) & 0x7fu));
+      }
       z += x == 0;
     }
   }
   return z;
+}
+
+// SampleWorthCoding with a quick exit: no prefix code takes fewer bits than
+// the sample's entropy, so when that alone saves less than 1/32 (the usual
+// case of mantissa bytes) the Huffman code is never built. The margin covers
+// the rounding of the sum.
+bool SampleWorth(const uint32_t* sample_freq, uint64_t sample_count) {
+  const double count = static_cast<double>(sample_count);
+  double entropy_bits = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (sample_freq[s]) entropy_bits += sample_freq[s] * std::log2(count / sample_freq[s]);
+  }
+  const uint64_t raw_bits = 8 * sample_count;
+  if (entropy_bits * (1 - 1e-9) >= static_cast<double>(raw_bits - (raw_bits >> 5))) return false;
+  return SampleWorthCoding(sample_freq, sample_count);
 }
 
 // Histogram of m bytes, eight partial counts to break store-to-load chains.
@@ -1268,20 +1317,34 @@ uint64_t EntropyEncode(const Bits<D>* x, uint64_t n, uint8_t* out, Checksum* bod
     const uint32_t m = static_cast<uint32_t>(std::min<uint64_t>(kEntropyBlock, n - start));
     const Bits<D>* v = x + start;
     uint32_t hist[kPlanes][256];
-    const uint32_t zeros = SplitBlock<D>(v, m, planes);
+    const uint32_t zeros = SplitBlock<D, true, false>(v, m, planes);
     const bool sparse_candidate = uint64_t{zeros} * 8 >= m;
     uint8_t len[kPlanes][256];
     PlanePlan dense[kPlanes];
     uint64_t dense_bytes = 1;
+    // Sign+mantissa planes judged raw on the sample are written straight
+    // from the input when all of them are (direct); else they are split
+    // into scratch here.
+    bool sampled_raw[kPlanes] = {};
+    bool direct = !sparse_candidate && m >= kSampleMin;
+    if (direct) {
+      uint32_t sample[kPlanes - 1][256] = {};
+      for (uint32_t i = 0; i < m; i += kSampleStride) {
+        uint8_t b[kMaxPlanes];
+        Split<D>(v[i], b);
+        for (int p = 1; p < kPlanes; ++p) sample[p - 1][b[p]]++;
+      }
+      for (int p = 1; p < kPlanes; ++p) {
+        sampled_raw[p] = !SampleWorth(sample[p - 1], CeilDiv(m, kSampleStride));
+        direct &= sampled_raw[p];
+      }
+    }
+    if (!direct) SplitBlock<D, false, true>(v, m, planes);
     for (int p = 0; p < kPlanes; ++p) {
-      if (p > 0 && !sparse_candidate && m >= kSampleMin) {
-        uint32_t sample[256] = {};
-        for (uint32_t i = 0; i < m; i += kSampleStride) sample[planes[p][i]]++;
-        if (!SampleWorthCoding(sample, CeilDiv(m, kSampleStride))) {
-          dense[p] = {kRawPlane, 0, 0, 1 + uint64_t{m}};
-          dense_bytes += dense[p].bound;
-          continue;
-        }
+      if (sampled_raw[p]) {
+        dense[p] = {kRawPlane, 0, 0, 1 + uint64_t{m}};
+        dense_bytes += dense[p].bound;
+        continue;
       }
       Histogram(planes[p], m, hist[p]);
       dense[p] = PlanPlane(hist[p], m, len[p]);
@@ -1326,6 +1389,15 @@ uint64_t EntropyEncode(const Bits<D>* x, uint64_t n, uint8_t* out, Checksum* bod
     if (kind == kRawBlock) {
       std::memcpy(o, v, uint64_t{m} * kElemBytes);
       o += uint64_t{m} * kElemBytes;
+    } else if (kind == kDense && direct) {
+      o = WritePlane(o, planes[0], m, dense[0], len[0]);
+      uint8_t* raw[kMaxPlanes] = {};
+      for (int p = 1; p < kPlanes; ++p) {
+        *o++ = kRawPlane;
+        raw[p] = o;
+        o += m;
+      }
+      SplitBlock<D, false, true>(v, m, raw);
     } else if (kind == kDense) {
       for (int p = 0; p < kPlanes; ++p) o = WritePlane(o, planes[p], m, dense[p], len[p]);
     } else {
