@@ -2,8 +2,8 @@
 
 Each array is encoded (``jaxcc.codec.encode``) before its ``lax.ppermute``
 and decoded after, so every rank gets the exact bits ``lax.ppermute`` would
-give it (zeros where it receives nothing). Unencoded floats move as their
-bits: XLA:CPU moves bf16 as f32, which would quiet NaN payloads. XLA moves
+give it (zeros where it receives nothing). Unencoded 16-bit floats move as
+their bits (``jaxcc._src.bits``). XLA moves
 one static size per call: "fixed" moves its static size, which is below raw
 for pieces of more than about 100 elements; "entropy" moves its worst case
 (raw plus headers), so only the native executor, which sends the real size,
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcc import codec as codec_lib
+from jaxcc._src.bits import as_bits
 
 _SIZE_BYTES = 4  # the encoding's int32 size travels after its payload
 
@@ -73,7 +74,7 @@ def _move(enc: codec_lib.Encoded, length: int, axis_name: str, perm, rank) -> ja
   """``enc``'s first ``length`` payload bytes and its size, permuted, then decoded.
 
   A rank that receives nothing decodes its own bytes (any valid encoding)
-  and returns zeros. The decoded floats are selected as bits (see ``as_bits``).
+  and returns zeros. 16-bit floats are selected as bits (``jaxcc._src.bits``).
   """
   size = lax.bitcast_convert_type(enc.nbytes, jnp.uint8)
   packed = jnp.concatenate([enc.payload[:length], size])
@@ -85,16 +86,8 @@ def _move(enc: codec_lib.Encoded, length: int, axis_name: str, perm, rank) -> ja
 
 
 def _move_raw(x: jax.Array, axis_name: str, perm) -> jax.Array:
-  """``lax.ppermute`` of ``x``'s bits."""
+  """``lax.ppermute`` of ``x`` (16-bit floats as their bits)."""
   return lax.bitcast_convert_type(lax.ppermute(as_bits(x), axis_name, perm), x.dtype)
-
-
-def as_bits(x: jax.Array) -> jax.Array:
-  """Floats as unsigned integers of their width (XLA:CPU moves and selects bf16 as f32, which
-  quiets NaN payloads); other dtypes as they are."""
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    return x
-  return lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
 
 
 def _fixed_size(x: jax.Array) -> int:

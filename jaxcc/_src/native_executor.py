@@ -37,6 +37,7 @@ from jax import lax
 
 from jaxcc._src import compat, nccl_bootstrap, tcp_bootstrap
 from jaxcc._src import ffi as _ffi  # noqa: F401  (registers jaxcc_collective)
+from jaxcc._src.bits import as_bits
 from jaxcc.schedules.ir import DST, LENGTH, SRC, Schedule
 from jaxcc.topology import Topology
 
@@ -44,8 +45,7 @@ _op_ids = itertools.count(1)
 # The codec ids of xla_ffi/include/jaxcc/codec.h; 0: raw pieces.
 CODEC_IDS = {None: 0, "fixed": 1, "entropy": 2}
 # XLA_FFI_DataType of the floats the CPU handler takes as bits.
-_FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.float32): 11,
-                    np.dtype(jnp.float64): 12, np.dtype(jnp.bfloat16): 16}
+_FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
 _NONE = np.zeros((0,), np.int64)  # no process map / no pacing
 _NONE.setflags(write=False)
 
@@ -73,10 +73,9 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
   if len(procs):
     tcp_bootstrap.ensure_started()
   pacing = pacing_rates(schedule, topology) if len(procs) and topology is not None else _NONE
-  # Floats go in and out as their bits (the handler's `dtype` names them): XLA:CPU moves bf16
-  # through f32, which would quiet NaN payloads and flush subnormals in the ops around the call.
-  dtype_id = _FFI_FLOAT_TYPES.get(np.dtype(buf.dtype), 0)
-  bits = lax.bitcast_convert_type(buf, f"uint{8 * buf.dtype.itemsize}") if dtype_id else buf
+  # 16-bit floats go in and out as their bits (jaxcc._src.bits); the handler's `dtype` names them.
+  bits = as_bits(buf)
+  dtype_id = _FFI_FLOAT_TYPES[np.dtype(buf.dtype)] if bits.dtype != buf.dtype else 0
   out = _collective_call(bits, schedule, axis_name, group_axes,
                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing,
                          codec=np.int64(CODEC_IDS[codec]), dtype=np.int64(dtype_id))

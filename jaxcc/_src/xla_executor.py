@@ -7,8 +7,8 @@ Copies land through masked ``dynamic_update_slice``; the reduce transfers into
 a rank are summed with its own values in one ``jaxcc_reduce`` call, in the
 canonical order (ascending shift). Steps run one after another (the IR's
 reference semantics), so the native executor must match it bit for bit.
-Floats move as their bits (XLA:CPU copies bf16 through f32, which would
-quiet NaN payloads); only the reduction sees them as floats.
+16-bit floats move as their bits (``jaxcc._src.bits``); only the reduction
+sees them as floats.
 Moves ``p`` times the longest piece of each round: equal pieces cost nothing
 extra, weighted shards pay for padding. With a codec every round's piece is
 encoded before its ``ppermute`` and decoded after (``encoded_ppermute``):
@@ -26,6 +26,7 @@ import numpy as np
 from jax import lax
 
 from jaxcc._src import encoded_ppermute
+from jaxcc._src.bits import word_of
 from jaxcc._src.reduce import reduce_sum
 from jaxcc.schedules.ir import COPY, DST, DST_START, LENGTH, OP, SRC, SRC_START, Schedule
 
@@ -95,7 +96,7 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
     return buf
   rank = lax.axis_index(axis_name)
   dtype = buf.dtype
-  word = np.dtype(f"uint{8 * dtype.itemsize}") if jnp.issubdtype(dtype, jnp.floating) else dtype
+  word = word_of(dtype)
   identity = _additive_identity(dtype).view(word)
 
   def as_bits(x):

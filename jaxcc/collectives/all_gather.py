@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcc._src import compat
+from jaxcc._src.bits import as_bits, word_of
 from jaxcc.collectives import _common
 from jaxcc.topology import Topology
 
@@ -62,10 +63,10 @@ def _run(x, *, gather_dimension, tiled, native, **params):
   axis_name, axis_size = params["axis_name"], params["axis_size"]
   if params["algorithm"] == "lax":
     return lax.all_gather(x, axis_name, axis=gather_dimension, tiled=tiled)
-  # Moved as bits: XLA:CPU moves bf16 through f32 (and flushes subnormals), which would quiet
-  # NaN payloads, so the executor's call is the only op that sees the float type.
-  word = jnp.dtype(f"uint{8 * jnp.dtype(x.dtype).itemsize}")
-  bits = lax.bitcast_convert_type(x, word)
+  # 16-bit floats move as bits (jaxcc._src.bits): the executor's call is the only op that sees
+  # their float type.
+  word = word_of(x.dtype)
+  bits = as_bits(x)
   if not tiled:
     bits = jnp.expand_dims(bits, gather_dimension)
   front = jnp.moveaxis(bits, gather_dimension, 0)
@@ -73,10 +74,8 @@ def _run(x, *, gather_dimension, tiled, native, **params):
   buf = lax.dynamic_update_slice(jnp.zeros((sched.length,), word), front.reshape(-1),
                                  (lax.axis_index(axis_name) * front.size,))
   out = _common.execute(lax.bitcast_convert_type(buf, x.dtype), sched, params, native)
-  out = lax.bitcast_convert_type(out, word).reshape((axis_size * front.shape[0],) +
-                                                    front.shape[1:])
-  out = lax.optimization_barrier(jnp.moveaxis(out, 0, gather_dimension))
-  return lax.bitcast_convert_type(out, x.dtype)
+  out = as_bits(out).reshape((axis_size * front.shape[0],) + front.shape[1:])
+  return lax.bitcast_convert_type(jnp.moveaxis(out, 0, gather_dimension), x.dtype)
 
 
 def _transpose(ct, x, *, gather_dimension, tiled, **params):
