@@ -11,8 +11,6 @@
 namespace jaxcc {
 namespace {
 
-using codec::CeilDiv;
-
 // Walks an encoded piece of n elements a segment at a time, in order.
 class PieceReader {
  public:

@@ -331,8 +331,9 @@ void TcpEngine::Read(int q) {
       }
       c.offset = 0;
       c.payload_got = 0;
-      auto earlier = partial.end();
-      if (h.kind != kAbort) earlier = partial.find({h.op_id, h.instance, h.group, h.dst, h.step, h.src});
+      auto earlier = h.kind == kAbort
+                         ? partial.end()
+                         : partial.find({h.op_id, h.instance, h.group, h.dst, h.step, h.src});
       if (earlier != partial.end()) {  // a later part: it follows the earlier ones
         c.incoming = std::move(earlier->second.buffer);
         c.offset = earlier->second.length;
