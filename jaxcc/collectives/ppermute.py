@@ -38,9 +38,9 @@ def ppermute(x: jax.Array, axis_name: str, perm, *, executor: str = "auto",
       a destination.
     executor: "auto" (native where the axis spans processes on the CPU, in a
       shard_map over every mesh axis, so that pieces move over TCP at their
-      encoded size; ``lax.ppermute`` elsewhere, which within a process is a
-      plain copy, over 10x faster than the native in-process transport's
-      buffer twice the array), "xla" or "native".
+      encoded size; elsewhere ``lax.ppermute``, which within a process is a
+      plain copy, over 10x faster than the native path's buffer of twice the
+      array), "xla" or "native".
     codec: None, "fixed" or "entropy" (bf16, f16 and f32 only): lossless
       compression on the wire; the result is the one ``codec=None`` gives,
       bit for bit.
