@@ -320,6 +320,23 @@ inline void JoinBF16x16(__m128i e, __m128i sm, __m128i* lo, __m128i* hi) {
   *hi = join(_mm_unpackhi_epi8(sm, e));
 }
 
+// JoinBlock of elements [from, to) into out + from: the unaligned head and
+// the short tail of the streaming joins.
+template <DTypeId D>
+inline void JoinRange(const uint8_t* const* planes, uint32_t from, uint32_t to, Bits<D>* out) {
+  if (from >= to) return;
+  const uint8_t* at[kMaxPlanes];
+  for (int k = 0; k < Info(D).planes; ++k) at[k] = planes[k] + from;
+  JoinBlock<D>(at, to - from, out + from);
+}
+
+// How many of m elements come before out's first `align`-byte boundary.
+template <DTypeId D>
+inline uint32_t ElementsBefore(const Bits<D>* out, uint32_t m, uintptr_t align) {
+  const uintptr_t bytes = (align - reinterpret_cast<uintptr_t>(out) % align) % align;
+  return std::min<uint32_t>(m, static_cast<uint32_t>(bytes / sizeof(Bits<D>)));
+}
+
 // JoinBlock for outputs too large for the caches: the words go to memory with
 // streaming stores (no read for ownership). bf16 and f32; the caller issues
 // the fence.
@@ -330,12 +347,8 @@ JAXCC_CPU_CLONES void JoinBlockStreamSSE2(const uint8_t* const* planes, uint32_t
   const uint8_t* __restrict p1 = planes[1];
   uint32_t i = 0;
   if (reinterpret_cast<uintptr_t>(out) % sizeof(Bits<D>) == 0) {
-    const uint32_t head = std::min<uint32_t>(
-        m, static_cast<uint32_t>((16 - reinterpret_cast<uintptr_t>(out) % 16) % 16 / sizeof(Bits<D>)));
-    const uint8_t* planes_at[kMaxPlanes];
-    for (int k = 0; k < Info(D).planes; ++k) planes_at[k] = planes[k];
-    JoinBlock<D>(planes_at, head, out);
-    i = head;
+    i = ElementsBefore<D>(out, m, 16);
+    JoinRange<D>(planes, 0, i, out);
     if constexpr (D == kBF16) {
       for (; i + 16 <= m; i += 16) {
         __m128i lo, hi;
@@ -362,11 +375,7 @@ JAXCC_CPU_CLONES void JoinBlockStreamSSE2(const uint8_t* const* planes, uint32_t
       }
     }
   }
-  if (i < m) {
-    const uint8_t* planes_at[kMaxPlanes];
-    for (int k = 0; k < Info(D).planes; ++k) planes_at[k] = planes[k] + i;
-    JoinBlock<D>(planes_at, m - i, out + i);
-  }
+  JoinRange<D>(planes, i, m, out);
 }
 
 #if defined(JAXCC_CPU_AVX2)
@@ -394,12 +403,8 @@ __attribute__((target("avx2"))) void JoinBlockStreamAVX2(const uint8_t* const* p
   const uint8_t* __restrict p1 = planes[1];
   uint32_t i = 0;
   if (reinterpret_cast<uintptr_t>(out) % sizeof(Bits<D>) == 0) {
-    const uint32_t head = std::min<uint32_t>(
-        m, static_cast<uint32_t>((32 - reinterpret_cast<uintptr_t>(out) % 32) % 32 / sizeof(Bits<D>)));
-    const uint8_t* planes_at[kMaxPlanes];
-    for (int k = 0; k < Info(D).planes; ++k) planes_at[k] = planes[k];
-    JoinBlock<D>(planes_at, head, out);
-    i = head;
+    i = ElementsBefore<D>(out, m, 32);
+    JoinRange<D>(planes, 0, i, out);
     if constexpr (D == kBF16) {
       for (; i + 32 <= m; i += 32) {
         __m256i lo, hi;
@@ -428,11 +433,7 @@ __attribute__((target("avx2"))) void JoinBlockStreamAVX2(const uint8_t* const* p
       }
     }
   }
-  if (i < m) {
-    const uint8_t* planes_at[kMaxPlanes];
-    for (int k = 0; k < Info(D).planes; ++k) planes_at[k] = planes[k] + i;
-    JoinBlock<D>(planes_at, m - i, out + i);
-  }
+  JoinRange<D>(planes, i, m, out);
 }
 
 bool CpuHasAVX2() {
