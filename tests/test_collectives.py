@@ -354,7 +354,7 @@ def trace_in_shard_map(fn, p=4, shape=(8, 4), dtype=np.float32):
     (lambda b: jaxcc.all_reduce(b, "x", topology="fast"), TypeError,
      "topology must be a jaxcc.Topology"),
     (lambda b: jaxcc.all_reduce(b.astype(jnp.complex64), "x"), TypeError,
-     "cannot sum dtype complex64"),
+     "cannot reduce dtype complex64"),
     (lambda b: jaxcc.reduce_scatter(b[:, :3], "x", scatter_dimension=1), ValueError,
      "dimension 1 of x has size 3, which must be divisible by 4"),
     (lambda b: jaxcc.reduce_scatter(b, "x", tiled=False), ValueError,

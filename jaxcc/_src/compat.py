@@ -20,6 +20,8 @@ from jax.extend.core import Primitive  # noqa: F401  (re-exported)
 
 NamedAxisEffect = _core.NamedAxisEffect
 Zero = ad.Zero
+instantiate_zeros = ad.instantiate_zeros
+linear_jvp = ad.linear_jvp
 
 
 class ProgramOrderEffect(_effects.Effect):
@@ -60,16 +62,34 @@ def ordered_ffi_lowering(target: str, **kwargs) -> Callable:
   return rule
 
 
-def axis_size(axis_name, api_name: str) -> int:
-  """Size of a bound named axis, or a NameError that says how to bind it."""
-  if not isinstance(axis_name, str):
-    raise TypeError(f"{api_name}: axis_name must be one mesh axis name (a str), got {axis_name!r}")
+def axis_names(axis_name, api_name: str) -> tuple[str, ...]:
+  """``axis_name`` (one mesh axis name or a tuple of them, as ``lax.psum`` takes) as a tuple."""
+  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  if not names or not all(isinstance(a, str) for a in names) or len(set(names)) != len(names):
+    raise TypeError(f"{api_name}: axis_name must be a mesh axis name (a str) or a tuple of "
+                    f"distinct ones, got {axis_name!r}")
+  return names
+
+
+def bound_axes(axis_name, api_name: str) -> tuple[tuple[str, int], ...]:
+  """The axes of ``axis_name`` as (name, size), or a NameError that says how to bind them."""
   env = _core.get_axis_env()
-  if not env.axis_exists(axis_name):
-    raise NameError(
-        f"{api_name}: unbound axis name {axis_name!r}; call it inside jax.shard_map over a mesh "
-        f"with that axis (as for jax.lax.psum)")
-  return int(env.axis_size(axis_name))
+  out = []
+  for name in axis_names(axis_name, api_name):
+    if not env.axis_exists(name):
+      raise NameError(
+          f"{api_name}: unbound axis name {name!r}; call it inside jax.shard_map over a mesh "
+          f"with that axis (as for jax.lax.psum)")
+    out.append((name, int(env.axis_size(name))))
+  return tuple(out)
+
+
+def axis_size(axis_name, api_name: str) -> int:
+  """Number of ranks along ``axis_name`` (the product over a tuple of axes), bound or a NameError."""
+  size = 1
+  for _, n in bound_axes(axis_name, api_name):
+    size *= n
+  return size
 
 
 def check_vma() -> bool:
@@ -92,27 +112,31 @@ def with_varying_axes(aval, axes: frozenset):
 
 
 def make_varying(x, axis_name):
-  """``x`` cast to vary along ``axis_name`` if type checking tracks it and it does not yet."""
-  if check_vma() and axis_name not in varying_axes(jax.typeof(x)):
-    return jax.lax.pcast(x, axis_name, to="varying")
-  return x
+  """``x`` cast to vary along every axis of ``axis_name`` if type checking tracks it."""
+  if not check_vma():
+    return x
+  missing = tuple(a for a in axis_names(axis_name, "make_varying")
+                  if a not in varying_axes(jax.typeof(x)))
+  return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def lower_in_axis_env(fun: Callable, **fixed) -> Callable:
-  """A lowering rule that traces ``fun(*args, **params, **fixed)`` with its axes bound.
+  """A lowering rule that traces ``fun(*args, **params, **fixed)`` (a list of results) with its
+  axes bound.
 
-  The primitive's params name the axis (``axis_name``, ``axis_size``) and the
-  other manual axes of the mesh (``group_axes``); inside shard_map's body they
-  are bound, so ``fun`` may use ``lax.ppermute`` and ``lax.axis_index``.
+  The primitive's params name the collective's axes (``axes``: (name, size)
+  pairs) and the other manual axes of the mesh (``group_axes``); inside
+  shard_map's body they are bound, so ``fun`` may use ``lax.ppermute`` and
+  ``lax.axis_index``.
   """
 
   def rule(ctx, *args, **params):
-    axes = [(params["axis_name"], params["axis_size"])] + list(params["group_axes"] or ())
+    axes = list(params["axes"]) + list(params["group_axes"] or ())
     token = _lowering_mesh.set(getattr(ctx.module_context.axis_context, "mesh", None))
     try:
       with _core.extend_axis_env_nd(axes):
         return mlir.lower_fun(lambda *a: fun(*a, **params, **fixed),
-                              multiple_results=False)(ctx, *args)
+                              multiple_results=True)(ctx, *args)
     finally:
       _lowering_mesh.reset(token)
 
@@ -159,11 +183,12 @@ def kv_get(key: str, timeout_s: float) -> str:
                        f"{timeout_s:.0f} s") from e
 
 
-def group_axes(axis_name: str) -> tuple[tuple[str, int], ...] | None:
+def group_axes(axis_name) -> tuple[tuple[str, int], ...] | None:
   """The other manual axes of the current mesh as (name, size), or None if some axis is not manual.
 
-  Together they say which instance of ``axis_name`` a device is in; with an
-  automatic (non-manual) axis of size > 1 that is not visible inside the body.
+  Together they say which instance of ``axis_name`` (a name or a tuple of
+  names) a device is in; with an automatic (non-manual) axis of size > 1 that
+  is not visible inside the body (a partial-manual shard_map).
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
@@ -171,27 +196,38 @@ def group_axes(axis_name: str) -> tuple[tuple[str, int], ...] | None:
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
   if any(sizes[a] > 1 for a in mesh.axis_names if a not in mesh.manual_axes):
     return None
-  return tuple((a, sizes[a]) for a in mesh.axis_names if a != axis_name)
+  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  return tuple((a, sizes[a]) for a in mesh.axis_names if a not in names)
 
 
-def register(prim, abstract_eval, run, transpose, batcher) -> None:
-  """Register an effectful abstract eval (``PROGRAM_ORDER`` added), lowerings, a linear transpose
-  and a batcher.
+def register(prim, abstract_eval, run, transpose, batcher, jvp=None) -> None:
+  """Register an effectful abstract eval, lowerings, a linear transpose and a batcher for a
+  primitive with any number of operands and as many results.
 
-  ``run(*args, native, **params)`` is the body lowered on every platform with
-  ``native=False``, on the CPU with ``native=True`` and on CUDA GPUs with
-  ``native="cuda"``.
+  ``abstract_eval`` returns the list of result avals and the effects; the
+  program-order effect (``PROGRAM_ORDER``) is added when the collective may run
+  on the native executor, whose peers must meet in the same call: every mesh
+  axis is manual (``group_axes`` not None) and ``executor`` is not "xla". A
+  partial-manual shard_map carries no token (XLA's sharding pass cannot place
+  one there). ``run(*args, platform, **params)`` is the body lowered with
+  ``platform`` "cpu", "cuda" or None (any other). ``jvp`` replaces the linear
+  rule's tangent (for reductions that are not linear, e.g. max).
   """
   def ordered_abstract_eval(*args, **params):
-    out, effects = abstract_eval(*args, **params)
-    return out, effects | {PROGRAM_ORDER}
+    outs, effects = abstract_eval(*args, **params)
+    if params["group_axes"] is not None and params.get("executor") != "xla":
+      effects = effects | {PROGRAM_ORDER}
+    return outs, effects
 
+  prim.multiple_results = True
   prim.def_effectful_abstract_eval(ordered_abstract_eval)
   prim.def_impl(_unmapped_impl(prim.name))
-  mlir.register_lowering(prim, lower_in_axis_env(run, native=False))
-  mlir.register_lowering(prim, lower_in_axis_env(run, native=True), platform="cpu")
-  mlir.register_lowering(prim, lower_in_axis_env(run, native="cuda"), platform="cuda")
+  mlir.register_lowering(prim, lower_in_axis_env(run, platform=None))
+  mlir.register_lowering(prim, lower_in_axis_env(run, platform="cpu"), platform="cpu")
+  mlir.register_lowering(prim, lower_in_axis_env(run, platform="cuda"), platform="cuda")
   ad.deflinear2(prim, transpose)
+  if jvp is not None:
+    ad.primitive_jvps[prim] = jvp
   batching.fancy_primitive_batchers[prim] = batcher
 
 

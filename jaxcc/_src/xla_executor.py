@@ -81,12 +81,15 @@ def _compile(schedule: Schedule) -> tuple[tuple[_Step, ...], int]:
   return tuple(steps), pad
 
 
-def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
-                 codec: str | None = None) -> jax.Array:
+def run_schedule(buf: jax.Array, schedule: Schedule, axis_name, codec: str | None = None,
+                 op: str = "sum") -> jax.Array:
   """Run ``schedule`` on this rank's flat buffer ``buf`` (inside shard_map over ``axis_name``).
 
   ``codec`` (None, "fixed" or "entropy") encodes each round's piece on the
-  wire; see ``encoded_ppermute.ppermute`` for the bytes it moves.
+  wire; see ``encoded_ppermute.ppermute`` for the bytes it moves. ``op``
+  ("sum", "max" or "min") is what a reduce transfer applies: sums in the
+  canonical order through ``jaxcc_reduce``, max and min as ``lax.max`` and
+  ``lax.min`` (whose results do not depend on the order).
   """
   if buf.ndim != 1 or buf.shape[0] != schedule.length:
     raise ValueError(f"run_schedule: buffer of shape {buf.shape} for a schedule of "
@@ -134,10 +137,19 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
       for rd, got in zip(step.rounds, received):
         if rd.reduce_len.any():
           got = _fit(got, width, identity)
-          inputs.append(jnp.where(lane < at(rd.reduce_len), got, identity))
-      total = reduce_sum([as_values(x) for x in inputs])
+          # Lanes past the piece add the identity (sum) or repeat the rank's own value (max, min).
+          inputs.append(jnp.where(lane < at(rd.reduce_len), got,
+                                  identity if op == "sum" else inputs[0]))
+      total = _reduce(op, [as_values(x) for x in inputs])
       work = put(work, start, width, at(step.reduce_len), as_bits(total))
   return as_values(work[:schedule.length])
+
+
+def _reduce(op: str, inputs: list[jax.Array]) -> jax.Array:
+  if op == "sum":
+    return reduce_sum(inputs)
+  combine = lax.max if op == "max" else lax.min
+  return functools.reduce(combine, inputs)
 
 
 def _fit(x: jax.Array, width: int, fill) -> jax.Array:

@@ -6,29 +6,33 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcc._src import compat
+from jaxcc._src import compat, dispatch, local_executor
 from jaxcc._src.bits import as_bits, word_of
-from jaxcc.collectives import _common
+from jaxcc.collectives import _args, _buckets
 from jaxcc.topology import Topology
 
+_API = "jaxcc.all_gather"
 
-def all_gather(x: jax.Array, axis_name: str, *, axis: int = 0, tiled: bool = True,
-               algorithm: str = "auto", executor: str = "auto",
-               topology: Topology | None = None, codec=None) -> jax.Array:
-  """Gather every rank's ``x`` along ``axis``; block r comes from rank r.
 
-  Equal to ``lax.all_gather(x, axis_name, axis=axis, tiled=tiled)``: with
-  ``tiled`` the blocks are concatenated along ``axis``, without it stacked
-  along a new ``axis`` of size p. Differentiable (its transpose is
-  ``reduce_scatter``) and vmappable over other axes.
+def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: str = "auto",
+               executor: str = "auto", topology: Topology | None = None, codec=None,
+               bucket_bytes: int | None = None):
+  """Gather every rank's ``x`` (an array or a pytree) along ``axis``; block r comes from rank r.
+
+  Equal to ``lax.all_gather(x, axis_name, axis=axis, tiled=tiled)`` bit for
+  bit: with ``tiled`` the blocks are concatenated along ``axis``, without it
+  stacked along a new ``axis`` of size p. ``axis_name`` is a mesh axis or a
+  tuple of them (blocks in ``lax``'s rank order). Differentiable (its
+  transpose is ``reduce_scatter``) and vmappable over other axes. A pytree's
+  leaves go in buckets by dtype (``all_reduce``).
 
   Bytes sent per rank (N = the gathered result's bytes): ``(p-1)/p N`` for
   "ring" (``p-1`` steps per chunk) and "direct" (1 step per chunk). With a
   codec N counts encoded bytes: the blocks travel encoded.
 
   Args:
-    x: this rank's block.
-    axis_name: the mesh axis to gather over.
+    x: this rank's block, or a pytree of them.
+    axis_name: the mesh axis (or tuple of axes) to gather over.
     axis: where the blocks go.
     tiled: concatenate (True) or stack (False).
     algorithm: "auto", "lax", "ring" or "direct".
@@ -37,64 +41,86 @@ def all_gather(x: jax.Array, axis_name: str, *, axis: int = 0, tiled: bool = Tru
     codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
       "lax"): lossless compression of every piece on the wire; the result is
       the one ``codec=None`` gives, bit for bit. See ``jaxcc.all_reduce``.
+    bucket_bytes: the largest bucket of a pytree (default 25 MiB).
   """
-  size, topology = _common.resolve("jaxcc.all_gather", "all_gather", axis_name, algorithm,
-                                   executor, topology, codec)
-  x = jnp.asarray(x)
-  _common.check_codec("jaxcc.all_gather", codec, x.dtype)
-  dim = _common.check_dimension("jaxcc.all_gather", "axis", axis, x.ndim + (0 if tiled else 1))
-  x = compat.make_varying(x, axis_name)
-  return all_gather_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
-                           executor=executor, topology=topology, codec=codec,
-                           gather_dimension=dim, tiled=bool(tiled),
-                           **_common.native_params(axis_name))
+  params = _args.resolve(_API, "all_gather", axis_name, algorithm, executor, topology, codec)
+  bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
+  leaves, tree = jax.tree.flatten(x)
+  leaves = [jnp.asarray(v) for v in leaves]
+  dims = []
+  for v in leaves:
+    _args.check_codec(_API, codec, v.dtype)
+    dims.append(_args.check_dimension(_API, "axis", axis, v.ndim + (0 if tiled else 1)))
+  leaves = [compat.make_varying(v, axis_name) for v in leaves]
+  out = [None] * len(leaves)
+  keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
+  for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
+    results = all_gather_p.bind(*(leaves[i] for i in bucket), gather_dimension=dims[bucket[0]],
+                                tiled=bool(tiled), **params)
+    for i, r in zip(bucket, results):
+      out[i] = r
+  return jax.tree.unflatten(tree, out)
 
 
-def _abstract_eval(x, *, axis_name, axis_size, gather_dimension, tiled, **_):
-  shape = list(x.shape)
-  if tiled:
-    shape[gather_dimension] *= axis_size
+def _abstract_eval(*xs, axes, axis_size, gather_dimension, tiled, **_):
+  outs = []
+  for x in xs:
+    shape = list(x.shape)
+    if tiled:
+      shape[gather_dimension] *= axis_size
+    else:
+      shape.insert(gather_dimension, axis_size)
+    outs.append(x.update(shape=tuple(shape)))
+  return outs, {compat.NamedAxisEffect(a) for a, _ in axes}
+
+
+def _run(*xs, gather_dimension, tiled, platform, **params):
+  axis_name, p = params["axis_name"], params["axis_size"]
+  nbytes = p * sum(x.size * x.dtype.itemsize for x in xs)
+  route = dispatch.choose(_API, "all_gather", params, platform, nbytes)
+  dtype = xs[0].dtype
+  word = word_of(dtype)
+  # 16-bit floats move as bits (jaxcc._src.bits): only the executor's call sees their float type.
+  if route.engine is dispatch.Engine.XLA:
+    return [lax.bitcast_convert_type(g, dtype) for g in lax.all_gather(
+        [as_bits(x) for x in xs], axis_name, axis=gather_dimension, tiled=tiled)]
+  fronts = [jnp.moveaxis(as_bits(x if tiled else jnp.expand_dims(x, gather_dimension)),
+                         gather_dimension, 0) for x in xs]
+  flat = _buckets.pack(fronts)
+  if route.engine is dispatch.Engine.LOCAL:
+    full = as_bits(local_executor.all_gather(lax.bitcast_convert_type(flat, dtype), axis_name, p,
+                                             params["group_axes"], 0, True))
   else:
-    shape.insert(gather_dimension, axis_size)
-  return x.update(shape=tuple(shape)), {compat.NamedAxisEffect(axis_name)}
+    buf = lax.dynamic_update_slice(jnp.zeros((p * flat.shape[0],), word), flat,
+                                   (lax.axis_index(axis_name) * flat.shape[0],))
+    full = as_bits(dispatch.run_schedule(lax.bitcast_convert_type(buf, dtype), route,
+                                         "all_gather", params))
+  blocks = _buckets.unpack(full, [(p * f.shape[0],) + f.shape[1:] for f in fronts], rows=p)
+  return [lax.bitcast_convert_type(jnp.moveaxis(b, 0, gather_dimension), dtype) for b in blocks]
 
 
-def _run(x, *, gather_dimension, tiled, native, **params):
-  axis_name, axis_size = params["axis_name"], params["axis_size"]
-  if params["algorithm"] == "lax":
-    return lax.all_gather(x, axis_name, axis=gather_dimension, tiled=tiled)
-  # 16-bit floats move as bits (jaxcc._src.bits): the executor's call is the only op that sees
-  # their float type.
-  word = word_of(x.dtype)
-  bits = as_bits(x)
-  if not tiled:
-    bits = jnp.expand_dims(bits, gather_dimension)
-  front = jnp.moveaxis(bits, gather_dimension, 0)
-  sched = _common.schedule("all_gather", front.size * axis_size, x.dtype, params)
-  buf = lax.dynamic_update_slice(jnp.zeros((sched.length,), word), front.reshape(-1),
-                                 (lax.axis_index(axis_name) * front.size,))
-  out = _common.execute(lax.bitcast_convert_type(buf, x.dtype), sched, params, native)
-  out = as_bits(out).reshape((axis_size * front.shape[0],) + front.shape[1:])
-  return lax.bitcast_convert_type(jnp.moveaxis(out, 0, gather_dimension), x.dtype)
-
-
-def _transpose(ct, x, *, gather_dimension, tiled, **params):
-  if type(ct) is compat.Zero:
-    return [compat.Zero(x.aval)]
+def _transpose(cts, *xs, gather_dimension, tiled, **params):
   from jaxcc.collectives.reduce_scatter import reduce_scatter_p  # transposes into each other
-  return [reduce_scatter_p.bind(ct, scatter_dimension=gather_dimension, tiled=tiled, **params)]
+  return reduce_scatter_p.bind(*(compat.instantiate_zeros(ct) for ct in cts),
+                               scatter_dimension=gather_dimension, tiled=tiled, op="sum",
+                               **params)
 
 
 def _batch(axis_data, vals_in, dims_in, *, gather_dimension, tiled, **params):
-  if axis_data.name == params["axis_name"]:
-    raise NotImplementedError("jaxcc.all_gather over a vmapped axis; map it with jax.shard_map")
-  (x,), (d,) = vals_in, dims_in
-  if d is not None:
-    if d <= gather_dimension:
-      gather_dimension += 1
-    elif not tiled:
-      d += 1
-  return all_gather_p.bind(x, gather_dimension=gather_dimension, tiled=tiled, **params), d
+  if axis_data.name in {a for a, _ in params["axes"]}:
+    raise NotImplementedError(f"{_API} over a vmapped axis; map it with jax.shard_map")
+  outs, dims_out = [], []
+  for x, d in zip(vals_in, dims_in):  # the batch dimension shifts each operand's own dimension
+    dim, d_out = gather_dimension, d
+    if d is not None:
+      if d <= dim:
+        dim += 1
+      elif not tiled:
+        d_out += 1
+    out, = all_gather_p.bind(x, gather_dimension=dim, tiled=tiled, **params)
+    outs.append(out)
+    dims_out.append(d_out)
+  return outs, dims_out
 
 
 all_gather_p = compat.Primitive("all_gather")

@@ -1,4 +1,4 @@
-"""all_reduce: the sum over a mesh axis, a drop-in for ``lax.psum``."""
+"""all_reduce: the sum (mean, max, min) over mesh axes, a drop-in for ``lax.psum`` and friends."""
 
 from __future__ import annotations
 
@@ -6,85 +6,120 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcc._src import compat
-from jaxcc.collectives import _common
+from jaxcc._src import compat, dispatch, local_executor
+from jaxcc.collectives import _args, _buckets
 from jaxcc.topology import Topology
 
+_API = "jaxcc.all_reduce"
+_LAX = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 
-def all_reduce(x: jax.Array, axis_name: str, *, algorithm: str = "auto", executor: str = "auto",
-               topology: Topology | None = None, codec=None) -> jax.Array:
-  """Sum ``x`` over the ranks of ``axis_name``; every rank gets the sum.
 
-  Equal to ``lax.psum(x, axis_name)``: bit for bit for integers, up to
-  reassociation for floats, identical from run to run. Call it inside
-  ``jax.shard_map``; it is differentiable (the transpose is as for psum) and
-  vmappable over other axes. bool is summed as int32, as psum does.
+def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
+               executor: str = "auto", topology: Topology | None = None, codec=None,
+               bucket_bytes: int | None = None):
+  """Reduce ``x`` (an array or a pytree of arrays) over ``axis_name``; every rank gets the result.
 
-  Bytes sent per rank (N = ``x.nbytes``, p ranks): ``2(p-1)/p N`` for "ring"
-  (``2(p-1)`` steps per chunk) and "direct" (2 steps per chunk);
+  Equal to ``lax.psum(x, axis_name)`` (``op="sum"``), ``lax.pmean``
+  ("mean"), ``lax.pmax`` ("max") or ``lax.pmin`` ("min"): bit for bit for
+  integers, max and min, up to reassociation for float sums, identical from
+  run to run. Call it inside ``jax.shard_map``; ``axis_name`` is a mesh axis
+  or a tuple of them (ranks in ``lax``'s order). Sums and means are
+  differentiable (the transpose is as for psum); all ops are vmappable over
+  other axes. bool is summed as int32, as psum does.
+
+  A pytree's leaves go in buckets by dtype of up to ``bucket_bytes`` (one
+  collective per bucket); the results equal per-leaf calls.
+
+  Bytes sent per rank (N = the bucket's bytes, p ranks): ``2(p-1)/p N`` for
+  "ring" (``2(p-1)`` steps per chunk) and "direct" (2 steps per chunk);
   ``N + (p-2) w_i`` for "optcc", with shares ``w_i`` from the topology.
   With a codec every piece travels encoded, so N counts encoded bytes: each
   hop decodes, adds and re-encodes (a sum cannot be added compressed).
 
   Args:
-    x: this rank's array.
-    axis_name: the mesh axis to sum over.
-    algorithm: "auto" (cheapest simulated schedule for ``topology``), "lax"
-      (XLA's own all-reduce), "ring", "direct", "optcc" or "r2ccl".
+    x: this rank's array, or a pytree of arrays.
+    axis_name: the mesh axis (or tuple of axes) to reduce over.
+    op: "sum", "mean", "max" or "min".
+    algorithm: "auto" (the engine and schedule priced fastest: XLA's own
+      collective, the native in-process path, or the cheapest simulated
+      schedule for ``topology``), "lax" (XLA's own all-reduce), "ring",
+      "direct", "optcc" or "r2ccl".
     executor: "auto", "xla" (schedules run on XLA collectives) or "native".
     topology: the network of the axis' ranks; uniform ports if None.
     codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
-      "lax"): lossless compression of every piece on the wire, so the sum is
-      the one ``codec=None`` gives, bit for bit. "entropy" sends the real
+      "lax"): lossless compression of every piece on the wire, so the result
+      is the one ``codec=None`` gives, bit for bit. "entropy" sends the real
       encoded size (about 0.67 of raw bf16 weights) with the native executor;
       the XLA executor moves static sizes: "fixed" about 0.77 of raw bf16,
       "entropy" raw plus headers (see ``jaxcc.codec``).
+    bucket_bytes: the largest bucket of a pytree (default 25 MiB).
 
   Returns:
-    The sum, with ``x``'s shape and dtype.
+    The result, with ``x``'s structure, shapes and dtypes (a mean of integers
+    is a float, as with ``lax.pmean``).
   """
-  size, topology = _common.resolve("jaxcc.all_reduce", "all_reduce", axis_name, algorithm,
-                                   executor, topology, codec)
-  x = jnp.asarray(x)
-  if x.dtype == jnp.bool_:
-    x = x.astype(jnp.int32)
-  _common.check_reducible("jaxcc.all_reduce", x.dtype)
-  _common.check_codec("jaxcc.all_reduce", codec, x.dtype)
-  x = compat.make_varying(x, axis_name)  # an invariant x sums to p * x, as with psum
-  return all_reduce_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
-                           executor=executor, topology=topology, codec=codec,
-                           invariant_out=compat.check_vma(), **_common.native_params(axis_name))
+  params = _args.resolve(_API, "all_reduce", axis_name, algorithm, executor, topology, codec)
+  op = _args.check_op(_API, op)
+  bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
+  leaves, tree = jax.tree.flatten(x)
+  leaves = [jnp.asarray(v) for v in leaves]
+  leaves = [v.astype(jnp.int32) if v.dtype == jnp.bool_ else v for v in leaves]
+  for v in leaves:
+    _args.check_reducible(_API, v.dtype)
+    _args.check_codec(_API, codec, v.dtype)
+  # An invariant x sums to p * x, as with psum.
+  leaves = [compat.make_varying(v, axis_name) for v in leaves]
+  out = [None] * len(leaves)
+  for bucket in _buckets.buckets(leaves, bucket_bytes):
+    results = all_reduce_p.bind(*(leaves[i] for i in bucket), op="sum" if op == "mean" else op,
+                                invariant_out=compat.check_vma(), **params)
+    for i, r in zip(bucket, results):
+      out[i] = r / params["axis_size"] if op == "mean" else r
+  return jax.tree.unflatten(tree, out)
 
 
-def _abstract_eval(x, *, axis_name, invariant_out, **_):
-  out = x
-  if invariant_out:
-    out = compat.with_varying_axes(x, compat.varying_axes(x) - {axis_name})
-  return out, {compat.NamedAxisEffect(axis_name)}
+def _abstract_eval(*xs, axes, invariant_out, **_):
+  names = {a for a, _ in axes}
+  outs = [compat.with_varying_axes(x, compat.varying_axes(x) - names) if invariant_out else x
+          for x in xs]
+  return outs, {compat.NamedAxisEffect(a) for a in names}
 
 
-def _run(x, *, native, **params):
+def _run(*xs, platform, op, **params):
   axis_name = params["axis_name"]
-  if params["algorithm"] == "lax":
-    return lax.psum(x, axis_name)
-  sched = _common.schedule("all_reduce", x.size, x.dtype, params)
-  return _common.execute(x.reshape(-1), sched, params, native).reshape(x.shape)
+  nbytes = sum(x.size * x.dtype.itemsize for x in xs)
+  route = dispatch.choose(_API, "all_reduce", params, platform, nbytes, op)
+  if route.engine is dispatch.Engine.XLA:
+    return list(_LAX[op](list(xs), axis_name))
+  flat = _buckets.pack(xs)
+  if route.engine is dispatch.Engine.LOCAL:
+    flat = local_executor.all_reduce(flat, axis_name, params["axis_size"], params["group_axes"],
+                                     op)
+  else:
+    flat = dispatch.run_schedule(flat, route, "all_reduce", params, op=op)
+  return _buckets.unpack(flat, [x.shape for x in xs])
 
 
-def _transpose(ct, x, **params):
-  if type(ct) is compat.Zero:
-    return [compat.Zero(x.aval)]
+def _transpose(cts, *xs, op, **params):
+  if op != "sum":
+    raise NotImplementedError(f"{_API}: op={op!r} is not differentiable (as lax.p{op})")
+  cts = [compat.instantiate_zeros(ct) for ct in cts]
   if params["invariant_out"]:
-    return [jax.lax.pcast(ct, params["axis_name"], to="varying")]
-  return [all_reduce_p.bind(ct, **params)]
+    return [jax.lax.pcast(ct, tuple(a for a, _ in params["axes"]), to="varying") for ct in cts]
+  return all_reduce_p.bind(*cts, op=op, **params)
+
+
+def _jvp(primals, tangents, *, op, **params):
+  if op != "sum":
+    raise NotImplementedError(f"{_API}: op={op!r} is not differentiable (as lax.p{op})")
+  return compat.linear_jvp(all_reduce_p, primals, tangents, op=op, **params)
 
 
 def _batch(axis_data, vals_in, dims_in, **params):
-  if axis_data.name == params["axis_name"]:
-    raise NotImplementedError("jaxcc.all_reduce over a vmapped axis; map it with jax.shard_map")
-  (x,), (d,) = vals_in, dims_in
-  return all_reduce_p.bind(x, **params), d
+  if axis_data.name in {a for a, _ in params["axes"]}:
+    raise NotImplementedError(f"{_API} over a vmapped axis; map it with jax.shard_map")
+  return all_reduce_p.bind(*vals_in, **params), list(dims_in)
 
 
 all_reduce_p = compat.Primitive("all_reduce")
-compat.register(all_reduce_p, _abstract_eval, _run, _transpose, _batch)
+compat.register(all_reduce_p, _abstract_eval, _run, _transpose, _batch, jvp=_jvp)

@@ -6,15 +6,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcc._src import compat
-from jaxcc.collectives import _common
+from jaxcc._src import compat, dispatch, local_executor
+from jaxcc._src.bits import as_bits
+from jaxcc.collectives import _args
 from jaxcc.collectives.all_reduce import all_reduce_p
 from jaxcc.topology import Topology
 
+_API = "jaxcc.broadcast"
 
-def broadcast(x: jax.Array, axis_name: str, *, root: int = 0, algorithm: str = "auto",
-              executor: str = "auto", topology: Topology | None = None, codec=None) -> jax.Array:
-  """Every rank of ``axis_name`` gets rank ``root``'s ``x`` (bit for bit).
+
+def broadcast(x, axis_name, *, root: int = 0, algorithm: str = "auto", executor: str = "auto",
+              topology: Topology | None = None, codec=None):
+  """Every rank of ``axis_name`` gets rank ``root``'s ``x`` (an array or a pytree), bit for bit.
 
   Bytes sent per rank (N = ``x.nbytes``): "ring" (a pipelined chain) sends N
   from every rank but the last in ``chunks + p - 2`` steps; "direct" sends
@@ -25,8 +28,8 @@ def broadcast(x: jax.Array, axis_name: str, *, root: int = 0, algorithm: str = "
   onto the root (with the same codec).
 
   Args:
-    x: this rank's array (only the root's matters).
-    axis_name: the mesh axis.
+    x: this rank's array, or a pytree of them (only the root's matter).
+    axis_name: the mesh axis (or tuple of axes, ranks in ``lax``'s order).
     root: the source rank.
     algorithm: "auto", "lax", "ring" or "direct".
     executor: "auto", "xla" or "native".
@@ -35,47 +38,53 @@ def broadcast(x: jax.Array, axis_name: str, *, root: int = 0, algorithm: str = "
       "lax"): lossless compression of every piece on the wire; the result is
       the one ``codec=None`` gives, bit for bit. See ``jaxcc.all_reduce``.
   """
-  size, topology = _common.resolve("jaxcc.broadcast", "broadcast", axis_name, algorithm,
-                                   executor, topology, codec)
+  params = _args.resolve(_API, "broadcast", axis_name, algorithm, executor, topology, codec)
+  size = params["axis_size"]
   if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < size:
-    raise ValueError(f"jaxcc.broadcast: root must be a rank in [0, {size}), got {root!r}")
-  x = jnp.asarray(x)
-  _common.check_codec("jaxcc.broadcast", codec, x.dtype)
-  x = compat.make_varying(x, axis_name)
-  return broadcast_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
-                          executor=executor, topology=topology, codec=codec, root=root,
-                          invariant_out=compat.check_vma(), **_common.native_params(axis_name))
+    raise ValueError(f"{_API}: root must be a rank in [0, {size}), got {root!r}")
+
+  def one(v):
+    v = jnp.asarray(v)
+    _args.check_codec(_API, codec, v.dtype)
+    v = compat.make_varying(v, axis_name)
+    out, = broadcast_p.bind(v, root=root, invariant_out=compat.check_vma(), **params)
+    return out
+
+  return jax.tree.map(one, x)
 
 
-def _abstract_eval(x, *, axis_name, invariant_out, **_):
-  out = x
-  if invariant_out:
-    out = compat.with_varying_axes(x, compat.varying_axes(x) - {axis_name})
-  return out, {compat.NamedAxisEffect(axis_name)}
+def _abstract_eval(x, *, axes, invariant_out, **_):
+  names = {a for a, _ in axes}
+  out = compat.with_varying_axes(x, compat.varying_axes(x) - names) if invariant_out else x
+  return [out], {compat.NamedAxisEffect(a) for a in names}
 
 
-def _run(x, *, root, native, **params):
-  if params["algorithm"] == "lax":
-    return lax.all_gather(x, params["axis_name"])[root]
-  sched = _common.schedule("broadcast", x.size, x.dtype, params, root=root)
-  return _common.execute(x.reshape(-1), sched, params, native).reshape(x.shape)
+def _run(x, *, root, platform, **params):
+  axis_name = params["axis_name"]
+  route = dispatch.choose(_API, "broadcast", params, platform, x.size * x.dtype.itemsize)
+  if route.engine is dispatch.Engine.XLA:  # 16-bit floats as bits (jaxcc._src.bits)
+    return [lax.bitcast_convert_type(lax.all_gather(as_bits(x), axis_name)[root], x.dtype)]
+  if route.engine is dispatch.Engine.LOCAL:
+    return [local_executor.broadcast(x, axis_name, params["axis_size"], params["group_axes"],
+                                     root)]
+  flat = dispatch.run_schedule(x.reshape(-1), route, "broadcast", params, root=root)
+  return [flat.reshape(x.shape)]
 
 
-def _transpose(ct, x, *, axis_name, root, invariant_out, **params):
-  if type(ct) is compat.Zero:
-    return [compat.Zero(x.aval)]
+def _transpose(cts, x, *, axes, axis_name, root, invariant_out, **params):
+  ct = compat.instantiate_zeros(cts[0])
   if invariant_out:  # ct is the whole cotangent, the same on every rank
-    total = jax.lax.pcast(ct, axis_name, to="varying")
+    total = jax.lax.pcast(ct, tuple(a for a, _ in axes), to="varying")
   else:  # each rank holds the cotangent of its own copy
-    total = all_reduce_p.bind(ct, axis_name=axis_name, invariant_out=False, **params)
+    total, = all_reduce_p.bind(ct, axes=axes, axis_name=axis_name, op="sum",
+                               invariant_out=False, **params)
   return [jnp.where(lax.axis_index(axis_name) == root, total, jnp.zeros_like(total))]
 
 
 def _batch(axis_data, vals_in, dims_in, **params):
-  if axis_data.name == params["axis_name"]:
-    raise NotImplementedError("jaxcc.broadcast over a vmapped axis; map it with jax.shard_map")
-  (x,), (d,) = vals_in, dims_in
-  return broadcast_p.bind(x, **params), d
+  if axis_data.name in {a for a, _ in params["axes"]}:
+    raise NotImplementedError(f"{_API} over a vmapped axis; map it with jax.shard_map")
+  return broadcast_p.bind(*vals_in, **params), list(dims_in)
 
 
 broadcast_p = compat.Primitive("broadcast")

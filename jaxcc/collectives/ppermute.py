@@ -6,17 +6,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcc._src import compat, encoded_ppermute, native_executor
+from jaxcc._src import compat, dispatch, encoded_ppermute, local_executor
 from jaxcc._src.bits import as_bits
-from jaxcc.collectives import _common
+from jaxcc.collectives import _args
 from jaxcc.schedules.permute import check_perm
-from jaxcc.schedules.planner import schedule_for
 from jaxcc.topology import Topology
 
+_API = "jaxcc.ppermute"
 
-def ppermute(x: jax.Array, axis_name: str, perm, *, executor: str = "auto",
-             codec=None) -> jax.Array:
-  """Rank ``src`` sends ``x`` to rank ``dst`` for each pair of ``perm``.
+
+def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
+  """Rank ``src`` sends ``x`` (an array or a pytree) to rank ``dst`` for each pair of ``perm``.
 
   Equal to ``lax.ppermute`` bit for bit: a rank that receives nothing gets
   zeros. Differentiable (its transpose is the inverse permutation, with the
@@ -32,71 +32,66 @@ def ppermute(x: jax.Array, axis_name: str, perm, *, executor: str = "auto",
   "entropy" raw plus headers.
 
   Args:
-    x: this rank's array.
-    axis_name: the mesh axis.
+    x: this rank's array, or a pytree of them.
+    axis_name: the mesh axis (or tuple of axes, ranks in ``lax``'s order).
     perm: pairs ``(src, dst)``; each rank at most once as a source and once as
       a destination.
-    executor: "auto" (native where the axis spans processes on the CPU, in a
-      shard_map over every mesh axis, so that pieces move over TCP at their
-      encoded size; elsewhere ``lax.ppermute``, which within a process is a
-      plain copy, over 10x faster than the native path's buffer of twice the
-      array), "xla" or "native".
+    executor: "auto" (the engine priced fastest: across processes the native
+      one, so that pieces move over TCP at their encoded size; within a
+      process ``lax.ppermute`` or the native in-process copy), "xla" or
+      "native".
     codec: None, "fixed" or "entropy" (bf16, f16 and f32 only): lossless
       compression on the wire; the result is the one ``codec=None`` gives,
       bit for bit.
   """
-  size = _common.check_axis("jaxcc.ppermute", axis_name, executor, codec)
-  perm = check_perm(perm, size, "jaxcc.ppermute")
-  x = jnp.asarray(x)
-  _common.check_codec("jaxcc.ppermute", codec, x.dtype)
-  x = compat.make_varying(x, axis_name)
+  params = _args.check_axis(_API, axis_name, executor, codec)
+  size = params["axis_size"]
+  perm = check_perm(perm, size, _API)
   # The native executor's TCP pacing and pipeline depth plan on uniform ports.
-  topology = Topology.uniform(size, _common.DEFAULT_BANDWIDTH)
-  return ppermute_p.bind(x, axis_name=axis_name, axis_size=size, perm=perm, executor=executor,
-                         codec=codec, topology=topology, **_common.native_params(axis_name))
+  topology = Topology.uniform(size, _args.DEFAULT_BANDWIDTH)
+
+  def one(v):
+    v = jnp.asarray(v)
+    _args.check_codec(_API, codec, v.dtype)
+    v = compat.make_varying(v, axis_name)
+    out, = ppermute_p.bind(v, perm=perm, executor=executor, codec=codec, topology=topology,
+                           **params)
+    return out
+
+  return jax.tree.map(one, x)
 
 
-def _abstract_eval(x, *, axis_name, **_):
-  return x, {compat.NamedAxisEffect(axis_name)}
+def _abstract_eval(x, *, axes, **_):
+  return [x], {compat.NamedAxisEffect(a) for a, _ in axes}
 
 
-def _run(x, *, perm, native, **params):
+def _run(x, *, perm, platform, **params):
   axis_name = params["axis_name"]
-  if not _native_pays(params, native):
-    return encoded_ppermute.ppermute([x], axis_name, [perm], params["codec"])[0]
-  sched = schedule_for("ppermute", x.size, x.dtype.itemsize, params["topology"], "direct",
-                       chunks=1, perm=perm)
+  route = dispatch.choose(_API, "ppermute", params, platform, x.size * x.dtype.itemsize)
+  if route.engine in (dispatch.Engine.XLA, dispatch.Engine.TWIN):
+    return encoded_ppermute.ppermute([x], axis_name, [perm], params["codec"])
+  if route.engine is dispatch.Engine.LOCAL:
+    return [local_executor.ppermute(x, axis_name, params["axis_size"], params["group_axes"],
+                                    perm)]
   # The input, then the output, zeros where no pair sends; 16-bit floats placed as bits.
   bits = as_bits(x.reshape(-1))
   buf = lax.bitcast_convert_type(jnp.concatenate([bits, jnp.zeros_like(bits)]), x.dtype)
-  got = as_bits(_common.run_native(buf, sched, params, native))[x.size:]
+  got = as_bits(dispatch.run_schedule(buf, route, "ppermute", params, perm=perm))[x.size:]
   stays = [s for s, d in perm if s == d]  # left out of the schedule: they keep their input
   if stays:
     got = jnp.where(jnp.isin(lax.axis_index(axis_name), jnp.asarray(stays)), bits, got)
-  return lax.bitcast_convert_type(got, x.dtype).reshape(x.shape)
+  return [lax.bitcast_convert_type(got, x.dtype).reshape(x.shape)]
 
 
-def _native_pays(params, native) -> bool:
-  """Whether to run natively: when asked to, or with "auto" across processes on the CPU."""
-  if params["executor"] != "auto":
-    return params["executor"] == "native"
-  if native is not True or params["group_axes"] is None:
-    return False
-  procs = native_executor.process_map(params["axis_name"], params["group_axes"])
-  return procs is not None and len(procs) > 0
-
-
-def _transpose(ct, x, *, perm, **params):
-  if type(ct) is compat.Zero:
-    return [compat.Zero(x.aval)]
-  return [ppermute_p.bind(ct, perm=tuple((d, s) for s, d in perm), **params)]
+def _transpose(cts, x, *, perm, **params):
+  return ppermute_p.bind(compat.instantiate_zeros(cts[0]), perm=tuple((d, s) for s, d in perm),
+                         **params)
 
 
 def _batch(axis_data, vals_in, dims_in, **params):
-  if axis_data.name == params["axis_name"]:
-    raise NotImplementedError("jaxcc.ppermute over a vmapped axis; map it with jax.shard_map")
-  (x,), (d,) = vals_in, dims_in
-  return ppermute_p.bind(x, **params), d
+  if axis_data.name in {a for a, _ in params["axes"]}:
+    raise NotImplementedError(f"{_API} over a vmapped axis; map it with jax.shard_map")
+  return ppermute_p.bind(*vals_in, **params), list(dims_in)
 
 
 ppermute_p = compat.Primitive("ppermute")

@@ -1,4 +1,5 @@
-"""reduce_scatter: sum over a mesh axis, each rank keeping one shard; a drop-in for ``lax.psum_scatter``."""
+"""reduce_scatter: reduce over mesh axes, each rank keeping one shard; a drop-in for
+``lax.psum_scatter``."""
 
 from __future__ import annotations
 
@@ -6,99 +7,143 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcc._src import compat
-from jaxcc.collectives import _common
+from jaxcc._src import compat, dispatch, local_executor
+from jaxcc.collectives import _args, _buckets
 from jaxcc.topology import Topology
 
+_API = "jaxcc.reduce_scatter"
+_LAX = {"max": lax.pmax, "min": lax.pmin}
 
-def reduce_scatter(x: jax.Array, axis_name: str, *, scatter_dimension: int = 0, tiled: bool = True,
-                   algorithm: str = "auto", executor: str = "auto",
-                   topology: Topology | None = None, codec=None) -> jax.Array:
-  """Sum ``x`` over ``axis_name``; rank r keeps block r of ``scatter_dimension``.
 
-  Equal to ``lax.psum_scatter(x, axis_name, scatter_dimension=..., tiled=...)``.
+def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = True,
+                   op: str = "sum", algorithm: str = "auto", executor: str = "auto",
+                   topology: Topology | None = None, codec=None,
+                   bucket_bytes: int | None = None):
+  """Reduce ``x`` (an array or a pytree) over ``axis_name``; rank r keeps block r of
+  ``scatter_dimension``.
+
+  Equal to ``lax.psum_scatter(x, axis_name, scatter_dimension=..., tiled=...)``
+  for ``op="sum"`` (and to its mean, max or min for "mean", "max", "min").
   With ``tiled`` the dimension (divisible by p) shrinks p times; without it
-  the dimension must have size p and is removed. Differentiable (its
-  transpose is ``all_gather``) and vmappable over other axes.
+  the dimension must have size p and is removed. ``axis_name`` is a mesh axis
+  or a tuple of them (blocks in ``lax``'s rank order). Sums are
+  differentiable (the transpose is ``all_gather``); all ops are vmappable over
+  other axes. A pytree's leaves go in buckets by dtype (``all_reduce``).
 
   Bytes sent per rank (N = ``x.nbytes``): ``(p-1)/p N`` for "ring" (``p-1``
   steps per chunk) and "direct" (1 step per chunk). With a codec N counts
   encoded bytes: each hop decodes, adds and re-encodes.
 
   Args:
-    x: this rank's full array.
-    axis_name: the mesh axis to reduce over.
+    x: this rank's full array, or a pytree of them.
+    axis_name: the mesh axis (or tuple of axes) to reduce over.
     scatter_dimension: the dimension cut into p blocks.
     tiled: keep the dimension (size / p) instead of removing it.
+    op: "sum", "mean", "max" or "min".
     algorithm: "auto", "lax", "ring" or "direct".
     executor: "auto", "xla" or "native".
     topology: the network of the axis' ranks; uniform ports if None.
     codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
       "lax"): lossless compression of every piece on the wire; the result is
       the one ``codec=None`` gives, bit for bit. See ``jaxcc.all_reduce``.
+    bucket_bytes: the largest bucket of a pytree (default 25 MiB).
   """
-  size, topology = _common.resolve("jaxcc.reduce_scatter", "reduce_scatter", axis_name,
-                                   algorithm, executor, topology, codec)
-  x = jnp.asarray(x)
-  _common.check_reducible("jaxcc.reduce_scatter", x.dtype)
-  _common.check_codec("jaxcc.reduce_scatter", codec, x.dtype)
-  dim = _common.check_dimension("jaxcc.reduce_scatter", "scatter_dimension", scatter_dimension,
-                               x.ndim)
-  n = x.shape[dim]
-  if (tiled and n % size) or (not tiled and n != size):
-    need = f"divisible by {size}" if tiled else f"equal to {size}"
-    raise ValueError(f"jaxcc.reduce_scatter: dimension {dim} of x has size {n}, which must be "
-                     f"{need} (the size of axis {axis_name!r}) with tiled={tiled}")
-  x = compat.make_varying(x, axis_name)
-  return reduce_scatter_p.bind(x, axis_name=axis_name, axis_size=size, algorithm=algorithm,
-                               executor=executor, topology=topology, codec=codec,
-                               scatter_dimension=dim, tiled=bool(tiled),
-                               **_common.native_params(axis_name))
+  params = _args.resolve(_API, "reduce_scatter", axis_name, algorithm, executor, topology, codec)
+  op = _args.check_op(_API, op)
+  bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
+  size = params["axis_size"]
+  leaves, tree = jax.tree.flatten(x)
+  leaves = [jnp.asarray(v) for v in leaves]
+  dims = []
+  for v in leaves:
+    _args.check_reducible(_API, v.dtype)
+    _args.check_codec(_API, codec, v.dtype)
+    dim = _args.check_dimension(_API, "scatter_dimension", scatter_dimension, v.ndim)
+    n = v.shape[dim]
+    if (tiled and n % size) or (not tiled and n != size):
+      need = f"divisible by {size}" if tiled else f"equal to {size}"
+      raise ValueError(f"{_API}: dimension {dim} of x has size {n}, which must be {need} (the "
+                       f"size of axis {axis_name!r}) with tiled={tiled}")
+    dims.append(dim)
+  leaves = [compat.make_varying(v, axis_name) for v in leaves]
+  out = [None] * len(leaves)
+  keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
+  for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
+    results = reduce_scatter_p.bind(*(leaves[i] for i in bucket),
+                                    scatter_dimension=dims[bucket[0]],
+                                    tiled=bool(tiled), op="sum" if op == "mean" else op, **params)
+    for i, r in zip(bucket, results):
+      out[i] = r / size if op == "mean" else r
+  return jax.tree.unflatten(tree, out)
 
 
-def _abstract_eval(x, *, axis_name, axis_size, scatter_dimension, tiled, **_):
-  shape = list(x.shape)
-  if tiled:
-    shape[scatter_dimension] //= axis_size
+def _abstract_eval(*xs, axes, axis_size, scatter_dimension, tiled, **_):
+  outs = []
+  for x in xs:
+    shape = list(x.shape)
+    if tiled:
+      shape[scatter_dimension] //= axis_size
+    else:
+      del shape[scatter_dimension]
+    outs.append(x.update(shape=tuple(shape)))
+  return outs, {compat.NamedAxisEffect(a) for a, _ in axes}
+
+
+def _run(*xs, scatter_dimension, tiled, op, platform, **params):
+  axis_name, p = params["axis_name"], params["axis_size"]
+  nbytes = sum(x.size * x.dtype.itemsize for x in xs)
+  route = dispatch.choose(_API, "reduce_scatter", params, platform, nbytes, op)
+  if route.engine is dispatch.Engine.XLA:
+    if op == "sum":
+      return list(lax.psum_scatter(list(xs), axis_name, scatter_dimension=scatter_dimension,
+                                   tiled=tiled))
+    return [_own_block(r, axis_name, p, scatter_dimension, tiled)
+            for r in _LAX[op](list(xs), axis_name)]
+  fronts = [jnp.moveaxis(x, scatter_dimension, 0) for x in xs]
+  flat = _buckets.pack(fronts, rows=p)  # block r: every array's block r
+  shard = flat.shape[0] // p
+  if route.engine is dispatch.Engine.LOCAL:
+    mine = local_executor.reduce_scatter(flat, axis_name, p, params["group_axes"], 0, True, op)
   else:
-    del shape[scatter_dimension]
-  return x.update(shape=tuple(shape)), {compat.NamedAxisEffect(axis_name)}
+    full = dispatch.run_schedule(flat, route, "reduce_scatter", params, op=op)
+    mine = lax.dynamic_slice(full, (lax.axis_index(axis_name) * shard,), (shard,))
+  blocks = _buckets.unpack(mine, [(f.shape[0] // p,) + f.shape[1:] for f in fronts])
+  outs = [jnp.moveaxis(b, 0, scatter_dimension) for b in blocks]
+  return outs if tiled else [jnp.squeeze(o, scatter_dimension) for o in outs]
 
 
-def _run(x, *, scatter_dimension, tiled, native, **params):
-  axis_name, axis_size = params["axis_name"], params["axis_size"]
-  if params["algorithm"] == "lax":
-    return lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
-  front = jnp.moveaxis(x, scatter_dimension, 0)
-  sched = _common.schedule("reduce_scatter", front.size, x.dtype, params)
-  shard = front.size // axis_size
-  flat = _common.execute(front.reshape(-1), sched, params, native)
-  mine = lax.dynamic_slice(flat, (lax.axis_index(axis_name) * shard,), (shard,))
-  out = jnp.moveaxis(mine.reshape((front.shape[0] // axis_size,) + front.shape[1:]), 0,
-                     scatter_dimension)
-  return out if tiled else jnp.squeeze(out, scatter_dimension)
+def _own_block(full, axis_name, p, dim, tiled):
+  """This rank's block of ``full`` along ``dim`` (as psum_scatter would keep it)."""
+  n = full.shape[dim] // p
+  out = lax.dynamic_slice_in_dim(full, lax.axis_index(axis_name) * n, n, dim)
+  return out if tiled else jnp.squeeze(out, dim)
 
 
-def _transpose(ct, x, *, scatter_dimension, tiled, **params):
-  if type(ct) is compat.Zero:
-    return [compat.Zero(x.aval)]
+def _transpose(cts, *xs, scatter_dimension, tiled, op, **params):
+  if op != "sum":
+    raise NotImplementedError(f"{_API}: op={op!r} is not differentiable")
   from jaxcc.collectives.all_gather import all_gather_p  # transposes into each other
-  return [all_gather_p.bind(ct, gather_dimension=scatter_dimension, tiled=tiled, **params)]
+  return all_gather_p.bind(*(compat.instantiate_zeros(ct) for ct in cts),
+                           gather_dimension=scatter_dimension, tiled=tiled, **params)
+
+
+def _jvp(primals, tangents, *, op, **params):
+  if op != "sum":
+    raise NotImplementedError(f"{_API}: op={op!r} is not differentiable")
+  return compat.linear_jvp(reduce_scatter_p, primals, tangents, op=op, **params)
 
 
 def _batch(axis_data, vals_in, dims_in, *, scatter_dimension, tiled, **params):
-  if axis_data.name == params["axis_name"]:
-    raise NotImplementedError(
-        "jaxcc.reduce_scatter over a vmapped axis; map it with jax.shard_map")
-  (x,), (d,) = vals_in, dims_in
-  if d is not None and d <= scatter_dimension:
-    scatter_dimension += 1
-  out = reduce_scatter_p.bind(x, scatter_dimension=scatter_dimension, tiled=tiled, **params)
-  if d is not None and not tiled and d > scatter_dimension:
-    d -= 1
-  return out, d
+  if axis_data.name in {a for a, _ in params["axes"]}:
+    raise NotImplementedError(f"{_API} over a vmapped axis; map it with jax.shard_map")
+  outs, dims_out = [], []
+  for x, d in zip(vals_in, dims_in):  # the batch dimension shifts each operand's own dimension
+    dim = scatter_dimension + (1 if d is not None and d <= scatter_dimension else 0)
+    out, = reduce_scatter_p.bind(x, scatter_dimension=dim, tiled=tiled, **params)
+    outs.append(out)
+    dims_out.append(d - 1 if d is not None and not tiled and d > dim else d)
+  return outs, dims_out
 
 
 reduce_scatter_p = compat.Primitive("reduce_scatter")
-compat.register(reduce_scatter_p, _abstract_eval, _run, _transpose,
-                _batch)
+compat.register(reduce_scatter_p, _abstract_eval, _run, _transpose, _batch, jvp=_jvp)

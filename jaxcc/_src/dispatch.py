@@ -1,0 +1,153 @@
+"""The executor layer: which engine runs a collective, decided here and nowhere else.
+
+Engines:
+
+* ``XLA``: XLA's own collective (``lax.psum``, ``psum_scatter``,
+  ``all_gather``, ``ppermute``): NCCL on GPUs, gloo across CPU processes,
+  XLA:CPU's in-process collective within one process.
+* ``LOCAL``: the native in-process path (``local_executor``): every rank of
+  the group lives in this process, so one rendezvous and direct reads of the
+  peers' buffers, in the fixed order of the "direct" schedule.
+* ``INPROCESS``, ``TCP``, ``NCCL``: the native interpreter walking a
+  Schedule (``native_executor``) over the InProcess transport (an explicit
+  algorithm within one process), the Tcp transport (ranks in several
+  processes; the schedule pipelined over chunks) or the Nccl transport (CUDA).
+* ``TWIN``: the Schedule on XLA's collectives (``xla_executor``): the
+  oracle, and the path where no native transport runs.
+
+How the choice is made (``choose``): ``algorithm="lax"`` is XLA;
+``executor="xla"`` is TWIN; an explicit algorithm runs on the native engine
+where one runs (else TWIN, or an error with ``executor="native"``); and
+``algorithm="auto"`` is priced: the native engine where its cost model
+(``costs``) says it beats XLA's collective at this size, else XLA. Algorithms
+never choose engines; engines never choose algorithms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import jax
+import numpy as np
+
+from jaxcc._src import costs, native_executor, nccl_bootstrap, xla_executor
+from jaxcc._src import compat
+from jaxcc.schedules.planner import pipelined, schedule_for
+from jaxcc.sim import simulate
+
+
+class Engine(enum.Enum):
+  XLA = "xla"
+  LOCAL = "local"
+  INPROCESS = "inprocess"
+  TCP = "tcp"
+  NCCL = "nccl"
+  TWIN = "twin"
+
+
+SCHEDULE_ENGINES = (Engine.INPROCESS, Engine.TCP, Engine.NCCL, Engine.TWIN)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+  """An engine and what it needs: ``procs``, the process of every rank of every group (TCP)."""
+
+  engine: Engine
+  procs: np.ndarray | None = None
+
+
+def choose(api: str, collective: str, params: dict, platform: str | None, nbytes: int,
+           op: str = "sum") -> Route:
+  """The engine that runs ``collective`` on ``nbytes`` per rank (see the module docstring).
+
+  Raises:
+    NotImplementedError: ``executor="native"`` where no native engine runs
+      (the message says why and names the fix).
+  """
+  algorithm = params.get("algorithm", "auto")
+  executor = params["executor"]
+  if algorithm == "lax":
+    return Route(Engine.XLA)
+  if executor == "xla":
+    return Route(Engine.TWIN)
+  native = _native_route(params, platform, explicit=algorithm != "auto", op=op)
+  if isinstance(native, str):
+    if executor == "native":
+      raise NotImplementedError(f"{api}: executor='native' {native}; use executor='auto' or "
+                                f"'xla'")
+    xla_runs = algorithm == "auto" and params.get("codec") is None
+    return Route(Engine.XLA if xla_runs else Engine.TWIN)
+  if executor == "native" or algorithm != "auto" or params.get("codec") is not None:
+    return native
+  return native if _native_pays(collective, native.engine, params, nbytes) else Route(Engine.XLA)
+
+
+def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *, root: int = 0,
+                 perm=None, op: str = "sum") -> jax.Array:
+  """Run ``collective`` on the flat ``buf`` on a schedule engine: the planned algorithm, in one
+  chunk, or pipelined over chunks on TCP (whose steps overlap)."""
+  length = buf.shape[0] // 2 if collective == "ppermute" else buf.shape[0]
+  topology = params["topology"]
+  itemsize = np.dtype(buf.dtype).itemsize
+  algorithm = params.get("algorithm", "direct")
+  if algorithm == "auto":  # chosen on the pipelined schedules the simulator prices
+    algorithm = schedule_for(collective, length, itemsize, topology, "auto", root,
+                             perm=perm).algorithm
+  sched = schedule_for(collective, length, itemsize, topology, algorithm, root, chunks=1,
+                       perm=perm)
+  if route.engine is Engine.TWIN:
+    return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"),
+                                     op=op)
+  if route.engine is Engine.NCCL:
+    return native_executor.run_schedule_cuda(buf, sched, params["axis_name"],
+                                             params["group_axes"])
+  if route.engine is Engine.TCP:
+    sched = pipelined(sched, topology)
+    return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"],
+                                        route.procs, topology, params.get("codec"))
+  return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"])
+
+
+def _native_route(params: dict, platform: str | None, explicit: bool, op: str) -> Route | str:
+  """The native engine for these params on ``platform``, or why none runs."""
+  if params["group_axes"] is None:
+    return ("runs in a shard_map whose mesh axes are all manual (a partial-manual shard_map "
+            "hides which instance of the axis a device is in)")
+  if platform == "cpu":
+    procs = native_executor.process_map(params["axis_name"], params["group_axes"])
+    if procs is None:
+      return ("runs across processes only in a shard_map over a mesh of devices "
+              "(jax.make_mesh), not an abstract mesh")
+    if len(procs):
+      return Route(Engine.TCP, procs) if op == "sum" else f"runs op={op!r} within one process only"
+    if explicit:
+      return Route(Engine.INPROCESS) if op == "sum" else (
+          f"runs op={op!r} with algorithm='auto' only")
+    return Route(Engine.LOCAL)
+  if platform == "cuda":
+    if op != "sum":
+      return f"runs op={op!r} on the CPU only"
+    reason = nccl_bootstrap.unavailable()
+    if reason is None and compat.lowering_mesh() is None:
+      reason = "the devices of the shard_map's mesh are unknown (abstract mesh)"
+    return Route(Engine.NCCL) if reason is None else f"on the GPU needs the Nccl transport: {reason}"
+  return f"has no transport on platform {platform!r}"
+
+
+def _native_pays(collective: str, engine: Engine, params: dict, nbytes: int) -> bool:
+  """Whether the native engine beats XLA's collective for this call, by the cost model."""
+  if engine is Engine.LOCAL:
+    return costs.local_beats_xla(collective, nbytes)
+  topology = params["topology"]
+  equal_ports = len(set(topology.send_bandwidth + topology.recv_bandwidth)) == 1
+  if engine is Engine.TCP:
+    return not equal_ports or costs.tcp_beats_xla(collective, nbytes)
+  # NCCL: XLA's NCCL ring is as good as any schedule on equal ports; a schedule that the
+  # simulator prices clearly below the ring pays for the native transport.
+  if equal_ports or collective == "ppermute":
+    return False
+  length = max(nbytes // 4, 1)
+  best = schedule_for(collective, length, 4, topology, "auto")
+  ring = schedule_for(collective, length, 4, topology, "ring")
+  return simulate(best, topology).time < costs.NCCL_MARGIN * simulate(ring, topology).time

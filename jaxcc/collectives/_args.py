@@ -1,0 +1,105 @@
+"""What every collective checks at trace time: each error names the public function called."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxcc import codec as codec_lib
+from jaxcc._src import compat
+from jaxcc._src.reduce import SUPPORTED_DTYPES
+from jaxcc.collectives._buckets import DEFAULT_BUCKET_BYTES
+from jaxcc.schedules.planner import check_algorithm
+from jaxcc.topology import Topology
+
+EXECUTORS = ("auto", "native", "xla")
+# What `codec=` takes on a collective: None (raw pieces) or a codec that moves encoded bytes.
+WIRE_CODECS = (None, "fixed", "entropy")
+REDUCE_OPS = ("sum", "mean", "max", "min")
+# The network assumed when no topology is given: uniform 25 GB/s ports (a 200 Gb/s NIC).
+DEFAULT_BANDWIDTH = 25e9
+
+
+def check_axis(api: str, axis_name, executor: str, codec) -> dict:
+  """Validate the arguments every collective takes; return the params that place its ranks.
+
+  Returns:
+    ``axis_name`` (a str, or a tuple of axes in ``lax``'s rank order),
+    ``axes`` ((name, size) pairs), ``axis_size`` (their product) and
+    ``group_axes`` (the other manual mesh axes, None in a partial-manual
+    shard_map).
+  """
+  axes = compat.bound_axes(axis_name, api)
+  size = int(np.prod([n for _, n in axes]))
+  if not (codec is None or isinstance(codec, str) and codec in WIRE_CODECS):
+    raise ValueError(f"{api}: codec must be one of {WIRE_CODECS}, got codec={codec!r}")
+  if executor not in EXECUTORS:
+    raise ValueError(f"{api}: executor must be one of {EXECUTORS}, got {executor!r}")
+  group_axes = compat.group_axes(axis_name)
+  if executor == "native" and group_axes is None:
+    raise NotImplementedError(
+        f"{api}: executor='native' runs in a shard_map whose axes are all manual (a partial-"
+        f"manual shard_map hides which instance of the axis a device is in); use "
+        f"executor='auto' or 'xla'")
+  return {"axis_name": axis_name, "axes": axes, "axis_size": size, "group_axes": group_axes}
+
+
+def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
+            topology: Topology | None, codec) -> dict:
+  """Validate the arguments of a planned collective; return ``check_axis``'s params plus the
+  algorithm, executor, codec and topology to plan on."""
+  params = check_axis(api, axis_name, executor, codec)
+  size = params["axis_size"]
+  if not isinstance(algorithm, str):
+    raise TypeError(f"{api}: algorithm must be a str, got {algorithm!r}")
+  if algorithm != "lax":
+    try:
+      check_algorithm(collective, algorithm)
+    except ValueError as e:
+      raise ValueError(f"{api}: {e}") from None
+  elif codec is not None:
+    raise ValueError(f"{api}: algorithm='lax' is XLA's own collective, which cannot move "
+                     f"encoded bytes; use codec=None with it, or another algorithm with "
+                     f"codec={codec!r}")
+  if topology is None:
+    topology = Topology.uniform(size, DEFAULT_BANDWIDTH)
+  elif not isinstance(topology, Topology):
+    raise TypeError(f"{api}: topology must be a jaxcc.Topology or None, got "
+                    f"{type(topology).__name__}")
+  elif topology.size != size:
+    raise ValueError(f"{api}: topology has {topology.size} ranks but axis {axis_name!r} has "
+                     f"{size}; build the topology for {size} ranks")
+  return dict(params, algorithm=algorithm, executor=executor, topology=topology, codec=codec)
+
+
+def check_op(api: str, op) -> str:
+  if op not in REDUCE_OPS:
+    raise ValueError(f"{api}: op must be one of {REDUCE_OPS}, got op={op!r}")
+  return op
+
+
+def check_codec(api: str, codec, dtype) -> None:
+  """A codec compresses bf16, f16 and f32 only: a TypeError naming the fix for other dtypes."""
+  if codec is not None and np.dtype(dtype) not in codec_lib.SUPPORTED_DTYPES:
+    raise TypeError(f"{api}: codec={codec!r} cannot take {np.dtype(dtype).name}; codecs take "
+                    f"{', '.join(d.name for d in codec_lib.SUPPORTED_DTYPES)}; use codec=None")
+
+
+def check_reducible(api: str, dtype) -> None:
+  if np.dtype(dtype) not in SUPPORTED_DTYPES:
+    raise TypeError(f"{api}: cannot reduce dtype {np.dtype(dtype).name}; supported: "
+                    f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
+
+
+def check_dimension(api: str, name: str, dim, ndim: int) -> int:
+  """``dim`` normalised to [0, ndim), or a ValueError naming the argument."""
+  if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+    raise ValueError(f"{api}: {name}={dim!r} is out of range for an array of rank {ndim}")
+  return dim % ndim
+
+
+def check_bucket_bytes(api: str, bucket_bytes) -> int:
+  if bucket_bytes is None:
+    return DEFAULT_BUCKET_BYTES
+  if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+    raise ValueError(f"{api}: bucket_bytes must be a positive int (bytes), got {bucket_bytes!r}")
+  return bucket_bytes
