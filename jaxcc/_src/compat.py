@@ -11,6 +11,7 @@ import contextvars
 from typing import Callable
 
 import jax
+import numpy as np
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import distributed as _distributed
@@ -198,6 +199,37 @@ def group_axes(axis_name) -> tuple[tuple[str, int], ...] | None:
     return None
   names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
   return tuple((a, sizes[a]) for a in mesh.axis_names if a not in names)
+
+
+def ppermute(x, axis_name, perm):
+  """``lax.ppermute`` with ``perm`` in ``lax.axis_index``'s numbering of ``axis_name``.
+
+  Over a tuple of axes ``lax.axis_index`` (and ``lax.all_gather``) number the
+  ranks in the tuple's order, ``lax.ppermute`` in the mesh's; jaxcc numbers
+  every rank as ``lax.axis_index`` does and translates here.
+  """
+  order = ppermute_order(axis_name)
+  if order is not None:
+    perm = tuple((order[s], order[d]) for s, d in perm)
+  return jax.lax.ppermute(x, axis_name, perm)
+
+
+def ppermute_order(axis_name) -> tuple[int, ...] | None:
+  """``lax.ppermute``'s number of each rank (indexed by ``lax.axis_index``'s), or None where they
+  agree (one axis, or a tuple in mesh order)."""
+  names = axis_names(axis_name, "ppermute")
+  mesh = jax.sharding.get_abstract_mesh()
+  if len(names) == 1 or mesh.empty:
+    return None
+  position = {a: i for i, a in enumerate(mesh.axis_names)}
+  in_mesh_order = sorted(names, key=position.__getitem__)
+  if in_mesh_order == list(names):
+    return None
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  coords = np.indices([sizes[a] for a in names]).reshape(len(names), -1)
+  index = np.ravel_multi_index([coords[names.index(a)] for a in in_mesh_order],
+                               [sizes[a] for a in in_mesh_order])
+  return tuple(int(i) for i in index)
 
 
 def register(prim, abstract_eval, run, transpose, batcher, jvp=None) -> None:

@@ -19,13 +19,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcc import codec as codec_lib
+from jaxcc._src import compat
 from jaxcc._src.bits import as_bits
 
 _SIZE_BYTES = 4  # the encoding's int32 size travels after its payload
 
 
-def ppermute(xs: list[jax.Array], axis_name: str, perms: list, codec: str | None) -> list:
-  """Move each ``xs[i]`` along ``perms[i]`` as ``lax.ppermute`` does, encoded on the wire.
+def ppermute(xs: list[jax.Array], axis_name, perms: list, codec: str | None) -> list:
+  """Move each ``xs[i]`` along ``perms[i]`` (ranks numbered as ``lax.axis_index`` does) as
+  ``lax.ppermute`` does, encoded on the wire.
 
   Bytes sent by a source, per array of N bytes, in one ``lax.ppermute`` step:
   N with ``codec=None``; ``max_nbytes + 4`` (N + 37 and up) with "entropy";
@@ -79,7 +81,7 @@ def _move(enc: codec_lib.Encoded, length: int, axis_name: str, perm, rank) -> ja
   size = lax.bitcast_convert_type(enc.nbytes, jnp.uint8)
   packed = jnp.concatenate([enc.payload[:length], size])
   receives = _is_rank_in(rank, [d for _, d in perm])
-  got = jnp.where(receives, lax.ppermute(packed, axis_name, perm), packed)
+  got = jnp.where(receives, compat.ppermute(packed, axis_name, perm), packed)
   nbytes = lax.bitcast_convert_type(got[length:], jnp.int32)
   out = as_bits(codec_lib.decode(dataclasses.replace(enc, payload=got[:length], nbytes=nbytes)))
   return lax.bitcast_convert_type(jnp.where(receives, out, jnp.zeros_like(out)), enc.dtype)
@@ -87,7 +89,7 @@ def _move(enc: codec_lib.Encoded, length: int, axis_name: str, perm, rank) -> ja
 
 def _move_raw(x: jax.Array, axis_name: str, perm) -> jax.Array:
   """``lax.ppermute`` of ``x`` (16-bit floats as their bits)."""
-  return lax.bitcast_convert_type(lax.ppermute(as_bits(x), axis_name, perm), x.dtype)
+  return lax.bitcast_convert_type(compat.ppermute(as_bits(x), axis_name, perm), x.dtype)
 
 
 def _fixed_size(x: jax.Array) -> int:

@@ -148,8 +148,22 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name, codec: str | Non
 def _reduce(op: str, inputs: list[jax.Array]) -> jax.Array:
   if op == "sum":
     return reduce_sum(inputs)
-  combine = lax.max if op == "max" else lax.min
-  return functools.reduce(combine, inputs)
+  return functools.reduce(functools.partial(extremum, op), inputs)
+
+
+def extremum(op: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  """``max(a, b)`` or ``min(a, b)`` as jaxcc's max and min reductions take it, whatever the order.
+
+  A NaN loses to a number (as in XLA:CPU's all-reduce and IEEE 754's
+  maximumNumber), and -0.0 < +0.0, so the result does not depend on the order
+  in which a schedule combines the ranks' values.
+  """
+  if not jnp.issubdtype(a.dtype, jnp.floating):
+    return lax.max(a, b) if op == "max" else lax.min(a, b)
+  beats = b > a if op == "max" else b < a
+  zero_tie = (a == b) & (a == 0) & (jnp.signbit(a) != jnp.signbit(b))
+  zero_beats = zero_tie & (jnp.signbit(a) if op == "max" else jnp.signbit(b))
+  return jnp.where(jnp.isnan(a) | beats | zero_beats, b, a)
 
 
 def _fit(x: jax.Array, width: int, fill) -> jax.Array:

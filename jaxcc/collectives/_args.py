@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxcc import codec as codec_lib
@@ -69,6 +71,21 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
     raise ValueError(f"{api}: topology has {topology.size} ranks but axis {axis_name!r} has "
                      f"{size}; build the topology for {size} ranks")
   return dict(params, algorithm=algorithm, executor=executor, topology=topology, codec=codec)
+
+
+def leaves_of(api: str, x) -> tuple[list[jax.Array], object]:
+  """The leaves of the pytree ``x`` as arrays, and its structure; a TypeError names a leaf that
+  is not an array."""
+  leaves, tree = jax.tree.flatten(x)
+  return [as_array(api, v) for v in leaves], tree
+
+
+def as_array(api: str, v) -> jax.Array:
+  try:
+    return jnp.asarray(v)
+  except TypeError:
+    raise TypeError(f"{api}: every leaf of x must be an array, got {type(v).__name__} "
+                    f"{v!r:.40}") from None
 
 
 def check_op(api: str, op) -> str:

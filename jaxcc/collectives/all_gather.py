@@ -45,8 +45,7 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
   """
   params = _args.resolve(_API, "all_gather", axis_name, algorithm, executor, topology, codec)
   bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
-  leaves, tree = jax.tree.flatten(x)
-  leaves = [jnp.asarray(v) for v in leaves]
+  leaves, tree = _args.leaves_of(_API, x)
   dims = []
   for v in leaves:
     _args.check_codec(_API, codec, v.dtype)

@@ -61,8 +61,7 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   params = _args.resolve(_API, "all_reduce", axis_name, algorithm, executor, topology, codec)
   op = _args.check_op(_API, op)
   bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
-  leaves, tree = jax.tree.flatten(x)
-  leaves = [jnp.asarray(v) for v in leaves]
+  leaves, tree = _args.leaves_of(_API, x)
   leaves = [v.astype(jnp.int32) if v.dtype == jnp.bool_ else v for v in leaves]
   for v in leaves:
     _args.check_reducible(_API, v.dtype)

@@ -44,7 +44,7 @@ def broadcast(x, axis_name, *, root: int = 0, algorithm: str = "auto", executor:
     raise ValueError(f"{_API}: root must be a rank in [0, {size}), got {root!r}")
 
   def one(v):
-    v = jnp.asarray(v)
+    v = _args.as_array(_API, v)
     _args.check_codec(_API, codec, v.dtype)
     v = compat.make_varying(v, axis_name)
     out, = broadcast_p.bind(v, root=root, invariant_out=compat.check_vma(), **params)

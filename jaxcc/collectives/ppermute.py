@@ -33,9 +33,10 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
 
   Args:
     x: this rank's array, or a pytree of them.
-    axis_name: the mesh axis (or tuple of axes, ranks in ``lax``'s order).
+    axis_name: the mesh axis (or tuple of axes).
     perm: pairs ``(src, dst)``; each rank at most once as a source and once as
-      a destination.
+      a destination. Over a tuple of axes ranks are numbered as
+      ``lax.ppermute`` numbers them (in the mesh's axis order).
     executor: "auto" (the engine priced fastest: across processes the native
       one, so that pieces move over TCP at their encoded size; within a
       process ``lax.ppermute`` or the native in-process copy), "xla" or
@@ -47,11 +48,15 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
   params = _args.check_axis(_API, axis_name, executor, codec)
   size = params["axis_size"]
   perm = check_perm(perm, size, _API)
+  order = compat.ppermute_order(axis_name)  # perm names ranks as lax.ppermute does
+  if order is not None:
+    rank_of = {n: r for r, n in enumerate(order)}
+    perm = tuple((rank_of[s], rank_of[d]) for s, d in perm)
   # The native executor's TCP pacing and pipeline depth plan on uniform ports.
   topology = Topology.uniform(size, _args.DEFAULT_BANDWIDTH)
 
   def one(v):
-    v = jnp.asarray(v)
+    v = _args.as_array(_API, v)
     _args.check_codec(_API, codec, v.dtype)
     v = compat.make_varying(v, axis_name)
     out, = ppermute_p.bind(v, perm=perm, executor=executor, codec=codec, topology=topology,

@@ -52,8 +52,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
   op = _args.check_op(_API, op)
   bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
   size = params["axis_size"]
-  leaves, tree = jax.tree.flatten(x)
-  leaves = [jnp.asarray(v) for v in leaves]
+  leaves, tree = _args.leaves_of(_API, x)
   dims = []
   for v in leaves:
     _args.check_reducible(_API, v.dtype)
