@@ -237,19 +237,18 @@ def register(prim, abstract_eval, run, transpose, batcher, jvp=None) -> None:
   primitive with any number of operands and as many results.
 
   ``abstract_eval`` returns the list of result avals and the effects; the
-  program-order effect (``PROGRAM_ORDER``) is added when the collective may run
-  on the native executor, whose peers must meet in the same call: every mesh
-  axis is manual (``group_axes`` not None) and ``executor`` is not "xla". A
-  partial-manual shard_map carries no token (XLA's sharding pass cannot place
-  one there). ``run(*args, platform, **params)`` is the body lowered with
-  ``platform`` "cpu", "cuda" or None (any other). ``jvp`` replaces the linear
-  rule's tangent (for reductions that are not linear, e.g. max).
+  program-order effect (``PROGRAM_ORDER``) is added when the param
+  ``ordered`` says the collective may run on a native engine, whose peers
+  must meet in the same call (``dispatch.needs_order``). Collectives left to
+  XLA carry no token: a token costs each execution a wait on the previous one
+  (and a partial-manual shard_map cannot place one). ``run(*args, platform,
+  **params)`` is the body lowered with ``platform`` "cpu", "cuda" or None
+  (any other). ``jvp`` replaces the linear rule's tangent (for reductions
+  that are not linear, e.g. max).
   """
   def ordered_abstract_eval(*args, **params):
     outs, effects = abstract_eval(*args, **params)
-    if params["group_axes"] is not None and params.get("executor") != "xla":
-      effects = effects | {PROGRAM_ORDER}
-    return outs, effects
+    return outs, (effects | {PROGRAM_ORDER}) if params["ordered"] else effects
 
   prim.multiple_results = True
   prim.def_effectful_abstract_eval(ordered_abstract_eval)

@@ -57,9 +57,30 @@ class Route:
   procs: np.ndarray | None = None
 
 
+def needs_order(api: str, collective: str, params: dict, nbytes: int, op: str = "sum") -> bool:
+  """Whether the collective may run on a native engine, decided when it is traced.
+
+  Native peers meet in program order (a token through every native call,
+  ``compat.PROGRAM_ORDER``); a collective left to XLA carries no token. The
+  platform is jax's default backend and the processes those of the job; the
+  lowering (``choose``) decides again with the mesh's devices, and runs a
+  collective traced without the token on XLA.
+
+  Raises:
+    NotImplementedError: as ``choose``.
+  """
+  platform = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(jax.default_backend())
+  route = choose(api, collective, dict(params, ordered=True), platform, nbytes, op,
+                 at_trace=True)
+  return route.engine not in (Engine.XLA, Engine.TWIN)
+
+
 def choose(api: str, collective: str, params: dict, platform: str | None, nbytes: int,
-           op: str = "sum") -> Route:
+           op: str = "sum", at_trace: bool = False) -> Route:
   """The engine that runs ``collective`` on ``nbytes`` per rank (see the module docstring).
+
+  ``at_trace``: decided before lowering, when the mesh's devices are not
+  known (``needs_order``).
 
   Raises:
     NotImplementedError: ``executor="native"`` where no native engine runs
@@ -71,7 +92,10 @@ def choose(api: str, collective: str, params: dict, platform: str | None, nbytes
     return Route(Engine.XLA)
   if executor == "xla":
     return Route(Engine.TWIN)
-  native = _native_route(params, platform, explicit=algorithm != "auto", op=op)
+  native = _native_route(params, platform, explicit=algorithm != "auto", op=op,
+                         at_trace=at_trace)
+  if not isinstance(native, str) and not params["ordered"]:
+    native = "was traced for XLA's collective (no program-order token)"
   if isinstance(native, str):
     if executor == "native":
       raise NotImplementedError(f"{api}: executor='native' {native}; use executor='auto' or "
@@ -109,13 +133,17 @@ def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *,
   return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"])
 
 
-def _native_route(params: dict, platform: str | None, explicit: bool, op: str) -> Route | str:
+def _native_route(params: dict, platform: str | None, explicit: bool, op: str,
+                  at_trace: bool) -> Route | str:
   """The native engine for these params on ``platform``, or why none runs."""
   if params["group_axes"] is None:
     return ("runs in a shard_map whose mesh axes are all manual (a partial-manual shard_map "
             "hides which instance of the axis a device is in)")
   if platform == "cpu":
-    procs = native_executor.process_map(params["axis_name"], params["group_axes"])
+    if at_trace:
+      procs = np.zeros(int(jax.process_count() > 1), np.int64)  # across processes or not
+    else:
+      procs = native_executor.process_map(params["axis_name"], params["group_axes"])
     if procs is None:
       return ("runs across processes only in a shard_map over a mesh of devices "
               "(jax.make_mesh), not an abstract mesh")
@@ -129,7 +157,7 @@ def _native_route(params: dict, platform: str | None, explicit: bool, op: str) -
     if op != "sum":
       return f"runs op={op!r} on the CPU only"
     reason = nccl_bootstrap.unavailable()
-    if reason is None and compat.lowering_mesh() is None:
+    if reason is None and not at_trace and compat.lowering_mesh() is None:
       reason = "the devices of the shard_map's mesh are unknown (abstract mesh)"
     return Route(Engine.NCCL) if reason is None else f"on the GPU needs the Nccl transport: {reason}"
   return f"has no transport on platform {platform!r}"

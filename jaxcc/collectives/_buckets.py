@@ -27,15 +27,19 @@ def buckets(leaves: Sequence[jax.Array], bucket_bytes: int,
   open_bucket: dict = {}  # key -> (index in out, bytes so far)
   for i, leaf in enumerate(leaves):
     key = leaf.dtype if keys is None else keys[i]
-    nbytes = leaf.size * leaf.dtype.itemsize
+    size = nbytes([leaf])
     slot = open_bucket.get(key)
-    if slot is not None and slot[1] + nbytes <= bucket_bytes:
+    if slot is not None and slot[1] + size <= bucket_bytes:
       out[slot[0]].append(i)
-      open_bucket[key] = (slot[0], slot[1] + nbytes)
+      open_bucket[key] = (slot[0], slot[1] + size)
     else:
-      open_bucket[key] = (len(out), nbytes)
+      open_bucket[key] = (len(out), size)
       out.append([i])
   return out
+
+
+def nbytes(xs: Sequence[jax.Array]) -> int:
+  return sum(x.size * x.dtype.itemsize for x in xs)
 
 
 def pack(xs: Sequence[jax.Array], rows: int = 1) -> jax.Array:

@@ -54,8 +54,11 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
   out = [None] * len(leaves)
   keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
   for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
-    results = all_gather_p.bind(*(leaves[i] for i in bucket), gather_dimension=dims[bucket[0]],
-                                tiled=bool(tiled), **params)
+    operands = [leaves[i] for i in bucket]
+    ordered = dispatch.needs_order(_API, "all_gather", params,
+                                   params["axis_size"] * _buckets.nbytes(operands))
+    results = all_gather_p.bind(*operands, gather_dimension=dims[bucket[0]], tiled=bool(tiled),
+                                ordered=ordered, **params)
     for i, r in zip(bucket, results):
       out[i] = r
   return jax.tree.unflatten(tree, out)
@@ -75,7 +78,7 @@ def _abstract_eval(*xs, axes, axis_size, gather_dimension, tiled, **_):
 
 def _run(*xs, gather_dimension, tiled, platform, **params):
   axis_name, p = params["axis_name"], params["axis_size"]
-  nbytes = p * sum(x.size * x.dtype.itemsize for x in xs)
+  nbytes = p * _buckets.nbytes(xs)
   route = dispatch.choose(_API, "all_gather", params, platform, nbytes)
   dtype = xs[0].dtype
   word = word_of(dtype)

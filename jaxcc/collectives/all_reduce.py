@@ -69,9 +69,13 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   # An invariant x sums to p * x, as with psum.
   leaves = [compat.make_varying(v, axis_name) for v in leaves]
   out = [None] * len(leaves)
+  reduce_op = "sum" if op == "mean" else op
   for bucket in _buckets.buckets(leaves, bucket_bytes):
-    results = all_reduce_p.bind(*(leaves[i] for i in bucket), op="sum" if op == "mean" else op,
-                                invariant_out=compat.check_vma(), **params)
+    operands = [leaves[i] for i in bucket]
+    ordered = dispatch.needs_order(_API, "all_reduce", params, _buckets.nbytes(operands),
+                                   reduce_op)
+    results = all_reduce_p.bind(*operands, op=reduce_op, invariant_out=compat.check_vma(),
+                                ordered=ordered, **params)
     for i, r in zip(bucket, results):
       out[i] = r / params["axis_size"] if op == "mean" else r
   return jax.tree.unflatten(tree, out)
@@ -86,7 +90,7 @@ def _abstract_eval(*xs, axes, invariant_out, **_):
 
 def _run(*xs, platform, op, **params):
   axis_name = params["axis_name"]
-  nbytes = sum(x.size * x.dtype.itemsize for x in xs)
+  nbytes = _buckets.nbytes(xs)
   route = dispatch.choose(_API, "all_reduce", params, platform, nbytes, op)
   if route.engine is dispatch.Engine.XLA:
     return list(_LAX[op](list(xs), axis_name))

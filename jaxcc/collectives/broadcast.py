@@ -8,7 +8,7 @@ from jax import lax
 
 from jaxcc._src import compat, dispatch, local_executor
 from jaxcc._src.bits import as_bits
-from jaxcc.collectives import _args
+from jaxcc.collectives import _args, _buckets
 from jaxcc.collectives.all_reduce import all_reduce_p
 from jaxcc.topology import Topology
 
@@ -47,7 +47,9 @@ def broadcast(x, axis_name, *, root: int = 0, algorithm: str = "auto", executor:
     v = _args.as_array(_API, v)
     _args.check_codec(_API, codec, v.dtype)
     v = compat.make_varying(v, axis_name)
-    out, = broadcast_p.bind(v, root=root, invariant_out=compat.check_vma(), **params)
+    ordered = dispatch.needs_order(_API, "broadcast", params, _buckets.nbytes([v]))
+    out, = broadcast_p.bind(v, root=root, invariant_out=compat.check_vma(), ordered=ordered,
+                            **params)
     return out
 
   return jax.tree.map(one, x)

@@ -8,7 +8,7 @@ from jax import lax
 
 from jaxcc._src import compat, dispatch, encoded_ppermute, local_executor
 from jaxcc._src.bits import as_bits
-from jaxcc.collectives import _args
+from jaxcc.collectives import _args, _buckets
 from jaxcc.schedules.permute import check_perm
 from jaxcc.topology import Topology
 
@@ -59,8 +59,10 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
     v = _args.as_array(_API, v)
     _args.check_codec(_API, codec, v.dtype)
     v = compat.make_varying(v, axis_name)
+    ordered = dispatch.needs_order(_API, "ppermute", dict(params, executor=executor, codec=codec,
+                                                          topology=topology), _buckets.nbytes([v]))
     out, = ppermute_p.bind(v, perm=perm, executor=executor, codec=codec, topology=topology,
-                           **params)
+                           ordered=ordered, **params)
     return out
 
   return jax.tree.map(one, x)

@@ -67,10 +67,13 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
   leaves = [compat.make_varying(v, axis_name) for v in leaves]
   out = [None] * len(leaves)
   keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
+  reduce_op = "sum" if op == "mean" else op
   for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
-    results = reduce_scatter_p.bind(*(leaves[i] for i in bucket),
-                                    scatter_dimension=dims[bucket[0]],
-                                    tiled=bool(tiled), op="sum" if op == "mean" else op, **params)
+    operands = [leaves[i] for i in bucket]
+    ordered = dispatch.needs_order(_API, "reduce_scatter", params, _buckets.nbytes(operands),
+                                   reduce_op)
+    results = reduce_scatter_p.bind(*operands, scatter_dimension=dims[bucket[0]],
+                                    tiled=bool(tiled), op=reduce_op, ordered=ordered, **params)
     for i, r in zip(bucket, results):
       out[i] = r / size if op == "mean" else r
   return jax.tree.unflatten(tree, out)
@@ -90,7 +93,7 @@ def _abstract_eval(*xs, axes, axis_size, scatter_dimension, tiled, **_):
 
 def _run(*xs, scatter_dimension, tiled, op, platform, **params):
   axis_name, p = params["axis_name"], params["axis_size"]
-  nbytes = sum(x.size * x.dtype.itemsize for x in xs)
+  nbytes = _buckets.nbytes(xs)
   route = dispatch.choose(_API, "reduce_scatter", params, platform, nbytes, op)
   if route.engine is dispatch.Engine.XLA:
     if op == "sum":
