@@ -7,13 +7,13 @@ import numpy as np
 
 from jaxcc import codec as codec_lib
 from jaxcc._src import compat, native_executor, nccl_bootstrap, xla_executor
-from jaxcc._src.reduce import SUPPORTED_DTYPES
+from jaxcc._src.reduce import REDUCIBLE_DTYPES
 from jaxcc.schedules.ir import Schedule
 from jaxcc.schedules.planner import check_algorithm, pipelined, schedule_for
 from jaxcc.topology import Topology
 
 EXECUTORS = ("auto", "native", "xla")
-CODECS = (None, "fixed", "entropy")
+WIRE_CODECS = (None, "fixed", "entropy")
 # The network assumed when no topology is given: uniform 25 GB/s ports (a 200 Gb/s NIC).
 DEFAULT_BANDWIDTH = 25e9
 
@@ -21,8 +21,8 @@ DEFAULT_BANDWIDTH = 25e9
 def check_axis(api: str, axis_name, executor: str, codec) -> int:
   """Validate the arguments every collective takes; return the axis size."""
   size = compat.axis_size(axis_name, api)
-  if not (codec is None or isinstance(codec, str) and codec in CODECS):
-    raise ValueError(f"{api}: codec must be one of {CODECS}, got codec={codec!r}")
+  if not (codec is None or isinstance(codec, str) and codec in WIRE_CODECS):
+    raise ValueError(f"{api}: codec must be one of {WIRE_CODECS}, got codec={codec!r}")
   if executor not in EXECUTORS:
     raise ValueError(f"{api}: executor must be one of {EXECUTORS}, got {executor!r}")
   if executor == "native" and compat.group_axes(axis_name) is None:
@@ -119,15 +119,15 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
 
 def check_codec(api: str, codec, dtype) -> None:
   """A codec compresses bf16, f16 and f32 only: a TypeError naming the fix for other dtypes."""
-  if codec is not None and np.dtype(dtype) not in codec_lib.SUPPORTED_DTYPES:
+  if codec is not None and np.dtype(dtype) not in codec_lib.CODEC_DTYPES:
     raise TypeError(f"{api}: codec={codec!r} cannot take {np.dtype(dtype).name}; codecs take "
-                    f"{', '.join(d.name for d in codec_lib.SUPPORTED_DTYPES)}; use codec=None")
+                    f"{', '.join(d.name for d in codec_lib.CODEC_DTYPES)}; use codec=None")
 
 
 def check_reducible(api: str, dtype) -> None:
-  if np.dtype(dtype) not in SUPPORTED_DTYPES:
+  if np.dtype(dtype) not in REDUCIBLE_DTYPES:
     raise TypeError(f"{api}: cannot sum dtype {np.dtype(dtype).name}; supported: "
-                    f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
+                    f"{', '.join(d.name for d in REDUCIBLE_DTYPES)}")
 
 
 def check_dimension(api: str, name: str, dim, ndim: int) -> int:
