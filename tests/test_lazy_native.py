@@ -9,6 +9,9 @@ of native op (codec, reduce kernel, native executor) at trace time.
 import os
 import subprocess
 import sys
+import types
+
+import pytest
 
 WITHOUT_NATIVE = r"""
 import importlib.abc
@@ -75,3 +78,15 @@ def test_planner_and_simulator_need_no_build_and_native_ops_say_how_to_build():
   for name, message in lines.items():
     assert "jaxcc._jaxcc_cpu is missing" in message, (name, message)
     assert "make install" in message and "--no-build-isolation" in message, (name, message)
+
+
+def test_a_module_built_from_other_sources_is_refused():
+  from jaxcc._src import ffi  # pylint: disable=import-outside-toplevel
+
+  native = ffi.load()
+  ffi._check_kernel_ids(native.cpu)  # the build under test matches
+  stale = types.SimpleNamespace(
+      __name__="jaxcc._jaxcc_cpu", codec_ids=lambda: {"fixed": 1, "entropy": 3},
+      codec_dtype_ids=native.cpu.codec_dtype_ids, reducible_dtypes=native.cpu.reducible_dtypes)
+  with pytest.raises(ImportError, match=r"built from other sources: its codec ids .*make install"):
+    ffi._check_kernel_ids(stale)

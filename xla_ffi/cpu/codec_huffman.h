@@ -41,9 +41,8 @@ struct DecodeTables {
 // out + j * kSubStream, counts[j] symbols, from start[j], size[j] bytes);
 // writes nothing past their symbols. False if a sub-stream does not end
 // exactly at its size.
-bool DecodeGroup(const uint8_t* const* start, const uint64_t* size,
-                                  const uint32_t* counts, uint32_t k, const uint8_t* limit,
-                                  const DecodeTables& t, uint8_t* out);
+bool DecodeGroup(const uint8_t* const* start, const uint64_t* size, const uint32_t* counts,
+                 uint32_t k, const uint8_t* limit, const DecodeTables& t, uint8_t* out);
 
 // Symbols per group of four sub-streams.
 constexpr uint32_t kGroup = 4 * kSubStream;
