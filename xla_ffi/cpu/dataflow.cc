@@ -98,14 +98,14 @@ std::vector<Unit> BuildUnits(const std::vector<RankStep>& plan, int64_t length) 
   for (size_t t = 0; t < plan.size(); ++t) {
     const int64_t s = static_cast<int64_t>(t);
     for (const Piece& out : plan[t].sends) {
-      add(Unit{s, Unit::kSend, {out}}, out.src_start, out.src_start + out.length);
+      add(Unit{s, Unit::kSend, {out}, 0, 0, {}}, out.src_start, out.src_start + out.length);
     }
     for (const Piece& in : plan[t].copies) {
-      add(Unit{s, Unit::kCopy, {in}, 0, 1}, in.dst_start, in.dst_start + in.length);
+      add(Unit{s, Unit::kCopy, {in}, 0, 1, {}}, in.dst_start, in.dst_start + in.length);
     }
     const std::vector<Piece>& red = plan[t].reduces;
     if (!red.empty()) {
-      add(Unit{s, Unit::kReduce, red, 0, static_cast<int>(red.size())}, red[0].dst_start,
+      add(Unit{s, Unit::kReduce, red, 0, static_cast<int>(red.size()), {}}, red[0].dst_start,
           red[0].dst_start + red[0].length);
     }
   }

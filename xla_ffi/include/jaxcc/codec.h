@@ -1,6 +1,6 @@
-// The jaxcc codec formats, shared by the CPU handlers (codec.cc), the CUDA
-// kernels (codec.cu) and, byte for byte, the numpy twin
-// (jaxcc/codec/reference.py).
+// The jaxcc codec formats, all of them, shared by the CPU kernels
+// (xla_ffi/cpu/codec*.cc), the CUDA kernels (xla_ffi/cuda/codec*.cu) and, byte
+// for byte, the numpy twin (jaxcc/codec/reference.py).
 //
 // Elements of bf16, f16 and f32 are split into an exponent stream and
 // sign+mantissa byte planes:
