@@ -143,8 +143,7 @@ def mean_gradients() -> optax.GradientTransformation:
 
   def update_fn(updates, state, params=None):
     del params
-    n = lax.axis_size(AXIS)
-    return jax.tree.map(lambda g: jaxcc.all_reduce(g, AXIS, algorithm="lax") / n, updates), state
+    return jaxcc.all_reduce(updates, AXIS, op="mean"), state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 

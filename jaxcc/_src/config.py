@@ -1,23 +1,84 @@
-"""Runtime switches, read once from the environment when jaxcc is imported."""
+"""Every ``JAXCC_*`` setting jaxcc reads, each parsed and validated here, once per read.
+
+* ``JAXCC_USE_FFI`` (``USE_FFI``, read at import): ``0`` routes the FFI ops to
+  their pure-JAX twins (kill switch).
+* ``JAXCC_TIMEOUT_S`` (``timeout_s()``, read at each call): the limit of every
+  wait of a native collective and of its bootstrap, in seconds (a float > 0;
+  default 300). The handlers get it as the ``timeout_ms`` attribute.
+* ``JAXCC_SPLIT_SEND_BYTES`` (``split_send_bytes()``, read at each call):
+  pieces of at least this many raw bytes may go over TCP in two parts (an
+  int >= 0; 0 never splits; default 262144). The CPU handler gets it as the
+  ``split_send_bytes`` attribute.
+
+The functions read the environment each time they are called, at the lowering
+of each collective, so a value set between two lowerings holds for the second.
+An empty value means the default; any other value that does not parse is a
+ValueError naming the variable and the values it takes.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+_DEFAULT_TIMEOUT_S = 300.0
+_DEFAULT_SPLIT_SEND_BYTES = 1 << 18
+
+
+def _env(name: str) -> str | None:
+  """The stripped value of ``name``; None when unset or empty."""
+  value = os.environ.get(name)
+  if value is None or not value.strip():
+    return None
+  return value.strip()
 
 
 def _env_flag(name: str, default: bool) -> bool:
-  value = os.environ.get(name)
-  if value is None or not value.strip():
+  value = _env(name)
+  if value is None:
     return default
-  if value.strip().lower() in _TRUE:
+  if value.lower() in _TRUE:
     return True
-  if value.strip().lower() in _FALSE:
+  if value.lower() in _FALSE:
     return False
   raise ValueError(f"{name}={value!r}: expected one of {_TRUE + _FALSE}")
 
 
-# JAXCC_USE_FFI=0 routes the FFI ops to their pure-JAX twins (kill switch).
+def timeout_s() -> float:
+  """``JAXCC_TIMEOUT_S``: the limit of every wait, in seconds (a float > 0, default 300)."""
+  value = _env("JAXCC_TIMEOUT_S")
+  if value is None:
+    return _DEFAULT_TIMEOUT_S
+  try:
+    seconds = float(value)
+  except ValueError:
+    seconds = math.nan
+  if not (seconds > 0 and math.isfinite(seconds)):
+    raise ValueError(f"JAXCC_TIMEOUT_S={value!r}: expected a number of seconds > 0, e.g. 300 "
+                     f"or 0.5 (unset: {_DEFAULT_TIMEOUT_S:g})")
+  return seconds
+
+
+def timeout_ms() -> int:
+  """``timeout_s()`` in milliseconds, rounded up: the handlers' ``timeout_ms`` attribute."""
+  return math.ceil(timeout_s() * 1000)
+
+
+def split_send_bytes() -> int:
+  """``JAXCC_SPLIT_SEND_BYTES``: the raw size from which a piece may be sent split (int >= 0)."""
+  value = _env("JAXCC_SPLIT_SEND_BYTES")
+  if value is None:
+    return _DEFAULT_SPLIT_SEND_BYTES
+  try:
+    nbytes = int(value)
+  except ValueError:
+    nbytes = -1
+  if nbytes < 0:
+    raise ValueError(f"JAXCC_SPLIT_SEND_BYTES={value!r}: expected a whole number of bytes >= 0 "
+                     f"(0: never split; unset: {_DEFAULT_SPLIT_SEND_BYTES})")
+  return nbytes
+
+
 USE_FFI: bool = _env_flag("JAXCC_USE_FFI", True)

@@ -35,15 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxcc._src import compat, nccl_bootstrap, tcp_bootstrap
-from jaxcc._src import ffi as _ffi  # noqa: F401  (registers jaxcc_collective)
+from jaxcc._src import compat, config, ffi, nccl_bootstrap, tcp_bootstrap
 from jaxcc._src.bits import as_bits
+from jaxcc.codec import reference
 from jaxcc.schedules.ir import DST, LENGTH, SRC, Schedule
 from jaxcc.topology import Topology
 
 _op_ids = itertools.count(1)
 # The codec ids of xla_ffi/include/jaxcc/codec.h; 0: raw pieces.
-CODEC_IDS = {None: 0, "fixed": 1, "entropy": 2}
+CODEC_IDS = {None: 0, **reference.CODEC_IDS}
 # XLA_FFI_DataType of the floats the CPU handler takes as bits.
 _FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
 _NONE = np.zeros((0,), np.int64)  # no process map / no pacing
@@ -78,7 +78,8 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
   dtype_id = _FFI_FLOAT_TYPES[np.dtype(buf.dtype)] if bits.dtype != buf.dtype else 0
   out = _collective_call(bits, schedule, axis_name, group_axes,
                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing,
-                         codec=np.int64(CODEC_IDS[codec]), dtype=np.int64(dtype_id))
+                         codec=np.int64(CODEC_IDS[codec]), dtype=np.int64(dtype_id),
+                         split_send_bytes=np.int64(config.split_send_bytes()))
   return lax.bitcast_convert_type(out, buf.dtype) if dtype_id else out
 
 
@@ -109,6 +110,7 @@ def _check_buffer(buf: jax.Array, schedule: Schedule) -> None:
 
 def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
   """One ``jaxcc_collective`` call: this rank, its group, the schedule and ``attrs``."""
+  ffi.load()
   rank = lax.axis_index(axis_name).astype(jnp.int32)
   group = jnp.int32(0)
   for name, size in group_axes:
@@ -119,7 +121,7 @@ def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
       buf, rank, group, table=_ArrayAttr(np.ascontiguousarray(schedule.table.reshape(-1))),
       num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
       op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
-      name=schedule.collective, **attrs)
+      name=schedule.collective, timeout_ms=np.int64(config.timeout_ms()), **attrs)
 
 
 class _ArrayAttr:

@@ -12,8 +12,8 @@ collective over ``axis_name`` of ``mesh`` is first lowered, ``ensure_comms``:
    and, with several processes, puts it in the jax.distributed key-value store
    (``compat.kv_set``); the others wait for it (``compat.kv_get``);
 3. creates every local device's communicators in one NCCL group
-   (``_jaxcc_cuda.nccl_init``), waiting up to ``JAXCC_TIMEOUT_S`` (default
-   300 s) for the peers.
+   (``_jaxcc_cuda.nccl_init``), waiting up to ``config.timeout_s()``
+   (``JAXCC_TIMEOUT_S``) for the peers.
 
 Every process of an SPMD program lowers the same collectives in the same
 order, so they meet here in the same order too.
@@ -28,8 +28,7 @@ import threading
 import jax
 import numpy as np
 
-from jaxcc._src import compat
-from jaxcc._src import ffi as _ffi
+from jaxcc._src import compat, config, ffi
 
 _KEY = "jaxcc/nccl"
 _lock = threading.Lock()
@@ -38,21 +37,13 @@ _unavailable: str | None = None  # why the Nccl transport cannot run; "" when it
 _checked = False
 
 
-def timeout_s() -> float:
-  try:
-    value = float(os.environ.get("JAXCC_TIMEOUT_S", "300"))
-  except ValueError:
-    value = 300.0
-  return value if value > 0 else 300.0
-
-
 def unavailable() -> str | None:
   """Why the Nccl transport cannot run here, or None when it can (loads libnccl.so.2 once)."""
   global _unavailable, _checked
   with _lock:
     if not _checked:
       _checked = True
-      module = _ffi._jaxcc_cuda
+      module = ffi.load().cuda
       if module is None:
         _unavailable = "jaxcc was built without its CUDA module (no nvcc at build time)"
       elif not module.has_nccl():
@@ -99,7 +90,7 @@ def ensure_comms(mesh: jax.sharding.Mesh, axis_name: str,
     if key in _ready:
       return key
     me = jax.process_index()
-    module = _ffi._jaxcc_cuda
+    module = ffi.load().cuda
     entries = []
     for g, ranks in enumerate(devices):
       local = [(r, d) for r, d in enumerate(ranks) if d.process_index == me]
@@ -111,8 +102,8 @@ def ensure_comms(mesh: jax.sharding.Mesh, axis_name: str,
         if any(d.process_index != me for d in ranks):
           compat.kv_set(store_key, uid.hex())
       else:
-        uid = bytes.fromhex(compat.kv_get(store_key, timeout_s()))
+        uid = bytes.fromhex(compat.kv_get(store_key, config.timeout_s()))
       entries += [(key, len(ranks), r, d.local_hardware_id, uid) for r, d in local]
-    module.nccl_init(entries, timeout_s())
+    module.nccl_init(entries, config.timeout_s())
     _ready[key] = len(entries)
     return key

@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcc._src import compat, config
-from jaxcc._src import ffi as _ffi  # noqa: F401  (registers jaxcc_reduce)
+from jaxcc._src import compat, config, ffi
 
-SUPPORTED_DTYPES = tuple(
+# The dtypes the jaxcc_reduce kernel sums (the native module's reducible_dtypes(), checked when
+# it loads).
+REDUCIBLE_DTYPES = tuple(
     np.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64, jnp.int32,
                           jnp.int64, jnp.uint32, jnp.uint8, jnp.int8))
 
@@ -113,8 +114,8 @@ def _check_inputs(inputs, api_name: str) -> list[jax.Array]:
     raise ValueError(f"{api_name}: needs at least one input array, got an empty sequence")
   inputs = [jnp.asarray(x) for x in inputs]
   dtype, shape = inputs[0].dtype, inputs[0].shape
-  if dtype not in SUPPORTED_DTYPES:
-    names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+  if dtype not in REDUCIBLE_DTYPES:
+    names = ", ".join(d.name for d in REDUCIBLE_DTYPES)
     raise TypeError(f"{api_name}: unsupported dtype {dtype.name}; supported: {names}")
   for i, x in enumerate(inputs[1:], start=1):
     if x.dtype != dtype:
@@ -137,6 +138,7 @@ def _match_varying_axes(inputs: list[jax.Array]) -> list[jax.Array]:
 
 
 def _reduce_sum_ffi(*inputs: jax.Array) -> jax.Array:
+  ffi.load()
   # The result has the inputs' type: shape, dtype, sharding and varying axes.
   return jax.ffi.ffi_call("jaxcc_reduce", jax.typeof(inputs[0]),
                           vmap_method="broadcast_all")(*inputs)

@@ -28,7 +28,6 @@ import errno
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import socket
 import struct
@@ -37,8 +36,7 @@ import time
 
 import jax
 
-from jaxcc import _jaxcc_cpu
-from jaxcc._src import compat
+from jaxcc._src import compat, config, ffi
 
 logger = logging.getLogger("jaxcc")
 
@@ -58,14 +56,8 @@ def ensure_started() -> None:
     TimeoutError: a process did not publish its address or connect in time.
   """
   with _lock:
-    if _jaxcc_cpu.tcp_process() < 0:
+    if ffi.load().cpu.tcp_process() < 0:
       _start()
-
-
-def timeout_s() -> float:
-  """``JAXCC_TIMEOUT_S``: the limit of every wait, in seconds (default 300)."""
-  value = float(os.environ.get("JAXCC_TIMEOUT_S") or 300)
-  return value if value > 0 else 300.0
 
 
 def tune(sock: socket.socket) -> None:
@@ -101,7 +93,7 @@ def accept_peers(listener: socket.socket, secret: bytes, me: int, expected: set[
     except socket.timeout:
       missing = sorted(expected - peers.keys())
       raise TimeoutError(
-          f"jaxcc: process {me} timed out after {timeout_s():.0f} s waiting for processes "
+          f"jaxcc: process {me} timed out after {config.timeout_s():g} s waiting for processes "
           f"{missing} to connect (JAXCC_TIMEOUT_S sets the limit)") from None
     try:
       conn.settimeout(min(max(deadline - time.monotonic(), 1e-3), 10.0))
@@ -127,7 +119,7 @@ def _start() -> None:
     raise RuntimeError("jaxcc: the native executor across processes needs "
                        "jax.distributed.initialize() first")
   me, n = jax.process_index(), jax.process_count()
-  deadline = time.monotonic() + timeout_s()
+  deadline = time.monotonic() + config.timeout_s()
   family, host = _local_address(address)
   listener = socket.socket(family, socket.SOCK_STREAM)
   peers: dict[int, socket.socket] = {}
@@ -157,7 +149,7 @@ def _start() -> None:
     fds = [-1] * n
     for q, sock in peers.items():
       fds[q] = sock.detach()
-    _jaxcc_cpu.tcp_start(me, fds)
+    ffi.load().cpu.tcp_start(me, fds)
   finally:
     listener.close()
     for sock in peers.values():
@@ -171,8 +163,8 @@ def _naming(me: int, q: int, doing: str):
   try:
     yield
   except socket.timeout:
-    raise TimeoutError(f"jaxcc: process {me} timed out after {timeout_s():.0f} s waiting for "
-                       f"process {q} to {doing} (JAXCC_TIMEOUT_S sets the limit)") from None
+    raise TimeoutError(f"jaxcc: process {me} timed out after {config.timeout_s():g} s waiting "
+                       f"for process {q} to {doing} (JAXCC_TIMEOUT_S sets the limit)") from None
   except OSError as e:
     raise ConnectionError(f"jaxcc: process {me} could not connect the TCP transport to process "
                           f"{q}, which did not {doing}: {e}") from e
@@ -182,8 +174,9 @@ def _kv_get(key: str, owner: int, deadline: float) -> str:
   try:
     return compat.kv_get(key, max(deadline - time.monotonic(), 1e-3))
   except TimeoutError as e:
-    raise TimeoutError(f"jaxcc: timed out after {timeout_s():.0f} s waiting for process {owner} "
-                       f"to start its TCP transport (JAXCC_TIMEOUT_S sets the limit): {e}") from e
+    raise TimeoutError(f"jaxcc: timed out after {config.timeout_s():g} s waiting for process "
+                       f"{owner} to start its TCP transport (JAXCC_TIMEOUT_S sets the limit): "
+                       f"{e}") from e
 
 
 def _local_address(coordinator: str) -> tuple[socket.AddressFamily, str]:

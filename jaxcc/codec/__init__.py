@@ -5,11 +5,12 @@ for the numpy twin of the kernels.
 """
 
 from jaxcc.codec import reference
-from jaxcc.codec.api import (CODECS, SUPPORTED_DTYPES, Encoded, decode, encode, fixed_nbytes,
-                             max_nbytes)
+from jaxcc.codec.api import (CODEC_DTYPES, CODECS, SUPPORTED_DTYPES, Encoded, decode, encode,
+                             fixed_nbytes, max_nbytes)
 from jaxcc.codec.reference import DecodeError
 
 __all__ = [
+    "CODEC_DTYPES",
     "CODECS",
     "SUPPORTED_DTYPES",
     "DecodeError",

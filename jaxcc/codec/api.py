@@ -34,12 +34,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcc._src import config
-from jaxcc._src import ffi as _ffi  # noqa: F401  (registers the codec targets)
+from jaxcc._src import config, ffi
 from jaxcc.codec import reference
 
+# The names encode and max_nbytes take ("raw" too, which Encoded.codec may hold).
 CODECS = ("fixed", "entropy", "auto")
-SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.float32))
+# The dtypes the codecs compress: those of reference.DTYPE_IDS (the native module's
+# codec_dtype_ids(), checked when it loads).
+CODEC_DTYPES = tuple(jnp.dtype(name) for name in reference.DTYPE_IDS)
+SUPPORTED_DTYPES = CODEC_DTYPES  # the public name of CODEC_DTYPES
 
 
 @jax.tree_util.register_pytree_node_class
@@ -140,6 +143,7 @@ def encode(x, codec: str = "entropy") -> Encoded:
   flat = x.reshape(-1)
   results = (_aval((cap,), jnp.uint8, flat), _aval((), jnp.int32, flat))
   if config.USE_FFI:
+    ffi.load()
     payload, nbytes = jax.ffi.ffi_call(f"jaxcc_codec_encode_{codec}", results,
                                        vmap_method="sequential")(flat)
   else:
@@ -177,6 +181,7 @@ def decode(encoded: Encoded) -> jax.Array:
   nbytes = jnp.asarray(encoded.nbytes, jnp.int32)
   result = _aval((n,), dtype, payload)
   if config.USE_FFI:
+    ffi.load()
     flat = jax.ffi.ffi_call(f"jaxcc_codec_decode_{codec}", result,
                             vmap_method="sequential")(payload, nbytes)
   else:
@@ -190,7 +195,7 @@ def _resolve(codec, dtype: np.dtype, api_name: str) -> str:
     return codec
   if codec not in CODECS:
     raise ValueError(f"jaxcc.codec.{api_name}: unknown codec {codec!r}; use one of {CODECS}")
-  if dtype in SUPPORTED_DTYPES:
+  if dtype in CODEC_DTYPES:
     return "entropy" if codec == "auto" else codec
   if codec == "auto":
     return "raw"

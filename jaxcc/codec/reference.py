@@ -13,7 +13,7 @@ Formats (documented in full in ``xla_ffi/include/jaxcc/codec.h``):
   dense (Huffman-coded byte planes), sparse (a zero bitmap, then the planes of
   the nonzero elements) or raw.
 * The split layout of a bf16/f32 piece that the native executor sends in two
-  parts over TCP (``xla_ffi/cpu/codec_host.h``; :func:`split_encode`).
+  parts over TCP (:func:`split_encode`).
 
 Used by the tests as the oracle (the FFI kernels must match it byte for byte)
 and by :func:`jaxcc.codec.encode` / :func:`jaxcc.codec.decode` when

@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxcc import codec as codec_lib
 from jaxcc._src import compat
-from jaxcc._src.reduce import SUPPORTED_DTYPES
+from jaxcc._src.reduce import REDUCIBLE_DTYPES
 from jaxcc.collectives._buckets import DEFAULT_BUCKET_BYTES
 from jaxcc.schedules.planner import check_algorithm
 from jaxcc.topology import Topology
@@ -96,15 +96,15 @@ def check_op(api: str, op) -> str:
 
 def check_codec(api: str, codec, dtype) -> None:
   """A codec compresses bf16, f16 and f32 only: a TypeError naming the fix for other dtypes."""
-  if codec is not None and np.dtype(dtype) not in codec_lib.SUPPORTED_DTYPES:
+  if codec is not None and np.dtype(dtype) not in codec_lib.CODEC_DTYPES:
     raise TypeError(f"{api}: codec={codec!r} cannot take {np.dtype(dtype).name}; codecs take "
-                    f"{', '.join(d.name for d in codec_lib.SUPPORTED_DTYPES)}; use codec=None")
+                    f"{', '.join(d.name for d in codec_lib.CODEC_DTYPES)}; use codec=None")
 
 
 def check_reducible(api: str, dtype) -> None:
-  if np.dtype(dtype) not in SUPPORTED_DTYPES:
+  if np.dtype(dtype) not in REDUCIBLE_DTYPES:
     raise TypeError(f"{api}: cannot reduce dtype {np.dtype(dtype).name}; supported: "
-                    f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
+                    f"{', '.join(d.name for d in REDUCIBLE_DTYPES)}")
 
 
 def check_dimension(api: str, name: str, dim, ndim: int) -> int:

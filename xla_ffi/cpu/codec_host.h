@@ -1,6 +1,7 @@
 // The CPU codec kernels of jaxcc_codec_{encode,decode}_*, for other CPU code
-// (the Tcp transport's pieces travel in them: piece_codec.h), and the split
-// layout of a piece sent in two parts.
+// (the Tcp transport's pieces travel in them: piece_codec.h), and those of the
+// split layout of a piece sent in two parts. Every format is in
+// jaxcc/codec.h.
 #ifndef JAXCC_CPU_CODEC_HOST_H_
 #define JAXCC_CPU_CODEC_HOST_H_
 
@@ -22,18 +23,9 @@ uint64_t EncodeOnHost(CodecId c, DTypeId d, const void* x, uint64_t n, uint8_t* 
 std::string DecodeOnHost(CodecId c, DTypeId d, const uint8_t* in, uint64_t buffer_bytes,
                          uint64_t nbytes, uint64_t n, void* y);
 
-// The split layout of a piece of n bf16 or f32 elements, for a send that
-// must start before its exponents are coded (the Tcp transport's split send):
-//
-//   part A: a 32-byte header as above but with magic "JCS1" (codec 2, block
-//           2^16, nbytes: part A's size, checksum of part A), then the
-//           sign+mantissa planes verbatim (plane k at 32 + (k-1) n), zero-padded
-//           to 4 bytes;
-//   part B: u32 sizes of the exponent blocks, then per block of 65536 elements
-//           its exponent plane coded as an "entropy" plane, then u32 A, u32 B:
-//           the checksum of part B's bytes before it (same sums, from word 0).
-//
-// Part A costs one pass over the input; part B holds ~3 bits per element.
+// The split layout (jaxcc/codec.h) of a piece of n bf16 or f32 elements, for a
+// send that must start before its exponents are coded (the Tcp transport's
+// split send); codec_split.cc.
 uint64_t SplitHeadBytes(DTypeId d, uint64_t n);  // part A
 uint64_t SplitTailMaxBytes(uint64_t n);          // the most part B takes
 // Writes part A of the n elements at x and their exponent plane (n bytes).

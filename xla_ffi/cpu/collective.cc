@@ -16,9 +16,10 @@
 // never encodes. `dtype` (0: x's own) is the XLA FFI type of the elements
 // when x holds their bits: floats travel as unsigned words, which XLA:CPU
 // moves without converting them (it moves bf16 through f32, quieting NaN
-// payloads and flushing subnormals).
+// payloads and flushing subnormals). `timeout_ms` bounds every wait
+// (JAXCC_TIMEOUT_S); pieces of at least `split_send_bytes` raw bytes may be
+// sent split (piece_codec.h; JAXCC_SPLIT_SEND_BYTES, 0: never).
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -27,7 +28,6 @@
 #include "inprocess.h"
 #include "jaxcc/codec_ffi.h"
 #include "jaxcc/dataflow.h"
-#include "jaxcc/reduce.h"
 #include "jaxcc/schedule.h"
 #include "jaxcc/transport.h"
 #include "piece_codec.h"
@@ -39,19 +39,6 @@ namespace ffi = xla::ffi;
 
 namespace jaxcc {
 namespace {
-
-std::chrono::seconds TimeoutFromEnv() {
-  const char* env = std::getenv("JAXCC_TIMEOUT_S");
-  long seconds = env ? std::strtol(env, nullptr, 10) : 0;
-  return std::chrono::seconds(seconds > 0 ? seconds : 300);
-}
-
-// Pieces of at least this many raw bytes may be sent split (piece_codec.h);
-// JAXCC_SPLIT_SEND_BYTES sets it, 0 never splits.
-uint64_t SplitBytesFromEnv() {
-  const char* env = std::getenv("JAXCC_SPLIT_SEND_BYTES");
-  return env ? std::strtoull(env, nullptr, 10) : uint64_t{1} << 18;
-}
 
 // Runs `run` unless joining failed (`err`); a failure is told to the peers.
 template <typename T, typename F>
@@ -77,7 +64,8 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
                           ffi::Span<const int64_t> table, int64_t num_steps, int64_t nranks,
                           int64_t op_id, int64_t digest, std::string_view name,
                           ffi::Span<const int64_t> procs, ffi::Span<const int64_t> pacing,
-                          int64_t codec_id, int64_t dtype_id) {
+                          int64_t codec_id, int64_t dtype_id, int64_t timeout_ms,
+                          int64_t split_send_bytes) {
   const std::string what = "jaxcc " + std::string(name) + " (op " + std::to_string(op_id) + ")";
   const ffi::DataType dtype =
       dtype_id ? static_cast<ffi::DataType>(dtype_id) : x.element_type();
@@ -103,6 +91,10 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
   if (err.empty() && pacing.size() != 0 && pacing.size() != static_cast<size_t>(nranks * nranks)) {
     err = "pacing has " + std::to_string(pacing.size()) + " rates, not one per rank pair";
   }
+  if (err.empty() && (timeout_ms <= 0 || split_send_bytes < 0)) {
+    err = "timeout_ms " + std::to_string(timeout_ms) + " must be > 0 and split_send_bytes " +
+          std::to_string(split_send_bytes) + " >= 0";
+  }
   std::unique_ptr<HostPieceCodec> codec;
   if (err.empty() && codec_id != 0) {
     codec::DTypeId d;
@@ -112,12 +104,12 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
       err = "unknown codec id " + std::to_string(codec_id);
     } else {
       codec.reset(new HostPieceCodec(static_cast<codec::CodecId>(codec_id), d,
-                                     SplitBytesFromEnv()));
+                                     static_cast<uint64_t>(split_send_bytes)));
     }
   }
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
 
-  const std::chrono::seconds timeout = TimeoutFromEnv();
+  const std::chrono::milliseconds timeout(timeout_ms);
   HostKernels kernels(dtype);
   if (AllLocal(procs, group, nranks)) {
     const InProcessTransport::Key key{run_id.run_id, op_id, group,
@@ -165,4 +157,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccCollective, jaxcc::CollectiveImpl,
                                   .Attr<ffi::Span<const int64_t>>("procs")    // rank -> process
                                   .Attr<ffi::Span<const int64_t>>("pacing")   // bytes/s per pair
                                   .Attr<int64_t>("codec")    // 0: raw, else codec id
-                                  .Attr<int64_t>("dtype"));  // 0: x's, else the elements'
+                                  .Attr<int64_t>("dtype")    // 0: x's, else the elements'
+                                  .Attr<int64_t>("timeout_ms")          // every wait's limit
+                                  .Attr<int64_t>("split_send_bytes"));  // 0: never split

@@ -58,7 +58,7 @@ int64_t InProcessTransport::NextInstance(int64_t run_id, int64_t op_id, int64_t 
 }
 
 std::string InProcessTransport::Join(const Key& key, int p, int rank, char* buf, int64_t digest,
-                                     std::chrono::seconds timeout, const std::string& what,
+                                     std::chrono::milliseconds timeout, const std::string& what,
                                      std::unique_ptr<InProcessTransport>* out) {
   std::shared_ptr<Rendezvous> r;
   {
@@ -90,7 +90,7 @@ std::string InProcessTransport::Join(const Key& key, int p, int rank, char* buf,
 }
 
 InProcessTransport::InProcessTransport(Key key, std::shared_ptr<Rendezvous> r, int rank,
-                                       std::chrono::seconds timeout, std::string what)
+                                       std::chrono::milliseconds timeout, std::string what)
     : key_(key), r_(std::move(r)), rank_(rank), timeout_(timeout), what_(std::move(what)) {}
 
 InProcessTransport::~InProcessTransport() {
@@ -113,7 +113,7 @@ std::string InProcessTransport::Wait(std::unique_lock<std::mutex>& lock, Ready r
     if (!r_->failure.empty()) return r_->failure;
     if (r_->cv.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
       std::string err = what_ + ": rank " + std::to_string(rank_) + " timed out after " +
-                        std::to_string(timeout_.count()) + " s at step " + std::to_string(step) +
+                        TimeoutText(timeout_) + " at step " + std::to_string(step) +
                         " waiting for rank " + std::to_string(peer) + " to " + doing;
       std::string absent;  // the root cause when some rank never arrived
       for (int q = 0; q < r_->p; ++q) {

@@ -33,7 +33,7 @@ class InProcessTransport final : public Transport {
   // Joins the rendezvous of `key` as `rank` of `p` with buffer `buf`. Ranks
   // that planned a schedule with another digest are an error.
   static std::string Join(const Key& key, int p, int rank, char* buf, int64_t digest,
-                          std::chrono::seconds timeout, const std::string& what,
+                          std::chrono::milliseconds timeout, const std::string& what,
                           std::unique_ptr<InProcessTransport>* out);
   ~InProcessTransport() override;
 
@@ -46,11 +46,11 @@ class InProcessTransport final : public Transport {
   std::string ReceivesDone(int64_t step) override;
   std::string SendsDone(int64_t step, const RankStep& plan) override;
   // Marks the rendezvous failed so that the other ranks stop waiting.
-  void Fail(const std::string& error);
+  void Fail(const std::string& error) override;
 
  private:
   InProcessTransport(Key key, std::shared_ptr<Rendezvous> r, int rank,
-                     std::chrono::seconds timeout, std::string what);
+                     std::chrono::milliseconds timeout, std::string what);
   // Waits until ready() or failure or the deadline; an error names `peer`.
   template <typename Ready>
   std::string Wait(std::unique_lock<std::mutex>& lock, Ready ready, int peer, int64_t step,
@@ -59,7 +59,7 @@ class InProcessTransport final : public Transport {
   Key key_;
   std::shared_ptr<Rendezvous> r_;
   int rank_;
-  std::chrono::seconds timeout_;
+  std::chrono::milliseconds timeout_;
   std::string what_;
 };
 

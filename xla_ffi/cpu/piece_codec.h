@@ -8,7 +8,7 @@
 //     sums and re-encodes one segment at a time while it is in the cache, so
 //     each element passes through memory once.
 //   split ("entropy", bf16 and f32, pieces of at least `split_bytes` raw bytes
-//     that are not sparse): the split layout of codec_host.h, sent in two
+//     that are not sparse): the split layout of jaxcc/codec.h, sent in two
 //     parts. The sign+mantissa planes (half of bf16's bytes, three quarters of
 //     f32's) leave as soon as one pass has split them; the exponents follow
 //     once coded. Sign+mantissa planes are never coded in this layout, and

@@ -33,7 +33,9 @@
 
 namespace jaxcc {
 
-class TcpEngine;
+namespace tcp {
+class Engine;
+}  // namespace tcp
 
 // Starts the process-wide engine as `process` over connected, authenticated
 // sockets: fds[q] for process q, -1 for this process. Takes them over. Returns
@@ -71,13 +73,13 @@ class TcpTransport final : public AsyncTransport {
   std::string Lost(int rank) override;
   std::string Peer(int rank) const override;  // "rank r (process q)"
   // Fails the call on this process' other ranks and on the other processes.
-  void Fail(const std::string& error);
+  void Fail(const std::string& error) override;
 
  private:
-  TcpTransport(TcpEngine* engine, const Call& call, int p, int rank, const int64_t* procs,
+  TcpTransport(tcp::Engine* engine, const Call& call, int p, int rank, const int64_t* procs,
                int64_t digest);
 
-  TcpEngine* e_;
+  tcp::Engine* e_;
   Call call_;
   int rank_;
   std::vector<int> procs_;

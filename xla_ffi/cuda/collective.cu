@@ -4,7 +4,8 @@
 // XLA's stream.
 //
 // Operands and attributes are those of the CPU handler (xla_ffi/cpu/
-// collective.cc) plus `comm_key`: the communicators of one (mesh, axis), made
+// collective.cc, but `codec`, `dtype` and `split_send_bytes`, which only the
+// Tcp transport uses) plus `comm_key`: the communicators of one (mesh, axis), made
 // by jaxcc/_src/nccl_bootstrap.py, one per local device, registered under
 // (comm_key, device ordinal). Each device is in exactly one instance of the
 // axis, so the communicator also gives its rank: the rank and group operands
@@ -17,15 +18,15 @@
 // Pieces between one pair are posted in (src_start, dst_start, length) order
 // on both sides, so NCCL matches them. libnccl.so.2 is dlopened at first use:
 // the module loads without it. Communicators are nonblocking, so no host wait
-// hangs: each polls ncclCommGetAsyncError up to JAXCC_TIMEOUT_S (default
-// 300 s), then aborts the communicator.
+// hangs: each polls ncclCommGetAsyncError up to `timeout_ms`
+// (JAXCC_TIMEOUT_S), then aborts the communicator.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -88,16 +89,11 @@ std::string CudaMessage(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-double TimeoutSeconds() {
-  const char* env = std::getenv("JAXCC_TIMEOUT_S");
-  const double s = env ? std::strtod(env, nullptr) : 0.0;
-  return s > 0 ? s : 300.0;
-}
-
 // Polls comm until its pending NCCL operation has left ncclInProgress, up to
-// timeout_s. Empty on success; else the caller must abort the communicator.
-std::string WaitComm(const NcclApi& nccl, ncclComm_t comm, double timeout_s, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+// `timeout`. Empty on success; else the caller must abort the communicator.
+std::string WaitComm(const NcclApi& nccl, ncclComm_t comm, std::chrono::milliseconds timeout,
+                     const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::microseconds(1);
   while (true) {
     ncclResult_t state = ncclSuccess;
@@ -108,8 +104,8 @@ std::string WaitComm(const NcclApi& nccl, ncclComm_t comm, double timeout_s, con
       return std::string(what) + " failed: " + NcclMessage(nccl, state);
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return std::string(what) + " did not finish within " + std::to_string(timeout_s) +
-             " s (JAXCC_TIMEOUT_S); a peer is missing or stuck";
+      return std::string(what) + " did not finish within " + TimeoutText(timeout) +
+             " (JAXCC_TIMEOUT_S); a peer is missing or stuck";
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
@@ -143,9 +139,9 @@ Comm* FindComm(int64_t key, int ordinal) {
 class NcclTransport final : public Transport {
  public:
   NcclTransport(const NcclApi& nccl, Comm& comm, cudaStream_t stream, char* buf, size_t itemsize,
-                char* staging, double timeout_s)
+                char* staging, std::chrono::milliseconds timeout)
       : nccl_(nccl), comm_(comm), stream_(stream), buf_(buf), itemsize_(itemsize),
-        staging_(staging), timeout_s_(timeout_s) {}
+        staging_(staging), timeout_(timeout) {}
 
   // Bytes of staging a plan needs: the largest step's received pieces, each
   // 256-byte aligned (the reduce kernel's vector loads want 16).
@@ -192,7 +188,7 @@ class NcclTransport final : public Transport {
     const ncclResult_t end = nccl_.GroupEnd();  // always, to close the group
     if (!err.empty()) return err;
     if (end == ncclInProgress) {
-      return WaitComm(nccl_, comm_.comm, timeout_s_,
+      return WaitComm(nccl_, comm_.comm, timeout_,
                       ("step " + std::to_string(step) + " send/receive").c_str());
     }
     return Check(end, "ncclGroupEnd");
@@ -215,6 +211,13 @@ class NcclTransport final : public Transport {
   // Stream order: later kernels and sends run after these receives and sends.
   std::string ReceivesDone(int64_t) override { return ""; }
   std::string SendsDone(int64_t, const RankStep&) override { return ""; }
+
+  // The peers may be mid-step: the communicator cannot be trusted again, so it
+  // is marked broken and aborted (its only abort).
+  void Fail(const std::string& error) override {
+    comm_.broken = error;
+    nccl_.CommAbort(comm_.comm);
+  }
 
  private:
   struct Slot {
@@ -239,7 +242,7 @@ class NcclTransport final : public Transport {
   char* buf_;
   size_t itemsize_;
   char* staging_;
-  double timeout_s_;
+  std::chrono::milliseconds timeout_;
   std::vector<Slot> received_;
 };
 
@@ -271,7 +274,7 @@ ffi::Error CollectiveImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, in
                           ffi::Buffer<ffi::S32>, ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                           ffi::Span<const int64_t> table, int64_t num_steps, int64_t nranks,
                           int64_t op_id, int64_t, std::string_view name, ffi::Span<const int64_t>,
-                          ffi::Span<const int64_t>, int64_t comm_key) {
+                          ffi::Span<const int64_t>, int64_t comm_key, int64_t timeout_ms) {
   const std::string what = "jaxcc " + std::string(name) + " (op " + std::to_string(op_id) +
                            ", device " + std::to_string(ordinal) + ")";
   auto fail = [&](const std::string& msg) { return ffi::Error::Internal(what + ": " + msg); };
@@ -288,6 +291,10 @@ ffi::Error CollectiveImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, in
   std::lock_guard<std::mutex> lock(comm->mu);
   const std::string who = ", rank " + std::to_string(comm->rank);
   if (!comm->broken.empty()) return fail("communicator unusable" + who + ": " + comm->broken);
+  if (timeout_ms <= 0) {
+    return ffi::Error::InvalidArgument(what + ": timeout_ms " + std::to_string(timeout_ms) +
+                                       " must be > 0");
+  }
   if (comm->nranks != nranks) {
     return ffi::Error::InvalidArgument(what + ": the communicator has " +
                                        std::to_string(comm->nranks) + " ranks, the schedule " +
@@ -320,7 +327,8 @@ ffi::Error CollectiveImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, in
     }
     staging = static_cast<char*>(*mem);
   }
-  NcclTransport transport(*nccl, *comm, stream, buf, itemsize, staging, TimeoutSeconds());
+  NcclTransport transport(*nccl, *comm, stream, buf, itemsize, staging,
+                          std::chrono::milliseconds(timeout_ms));
   CudaKernels kernels(stream, scratch, x.element_type());
   err = RunSchedule(plan, transport, kernels, buf, itemsize);
   if (err.empty()) {
@@ -336,9 +344,7 @@ ffi::Error CollectiveImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, in
     }
   }
   if (!err.empty()) {
-    // The peers may be mid-step: this communicator cannot be trusted again.
-    comm->broken = err;
-    nccl->CommAbort(comm->comm);  // the only abort of this communicator
+    transport.Fail(err);
     return fail(err.rfind("step ", 0) == 0 ? "rank " + std::to_string(comm->rank) + ", " + err
                                            : err + who);
   }
@@ -415,6 +421,7 @@ std::string NcclInit(const std::vector<NcclInitEntry>& entries, double timeout_s
     if (FindComm(e.key, e.ordinal) == nullptr) todo.push_back(&e);
   }
   if (todo.empty()) return "";
+  const std::chrono::milliseconds timeout(static_cast<int64_t>(std::ceil(timeout_s * 1000)));
   int previous = 0;
   cudaError_t ce = cudaGetDevice(&previous);
   if (ce != cudaSuccess) return "cudaGetDevice: " + CudaMessage(ce);
@@ -453,7 +460,7 @@ std::string NcclInit(const std::vector<NcclInitEntry>& entries, double timeout_s
       nccl->CommAbort(comms[i]);
       continue;
     }
-    err = WaitComm(*nccl, comms[i], timeout_s, what.c_str());
+    err = WaitComm(*nccl, comms[i], timeout, what.c_str());
     if (!err.empty()) {
       for (size_t j = i; j < todo.size(); ++j) {
         if (comms[j] != nullptr) nccl->CommAbort(comms[j]);
@@ -497,4 +504,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccCollectiveCuda, jaxcc::CollectiveImpl,
                                   .Attr<std::string_view>("name")
                                   .Attr<ffi::Span<const int64_t>>("procs")     // ignored
                                   .Attr<ffi::Span<const int64_t>>("pacing")    // ignored
-                                  .Attr<int64_t>("comm_key"));
+                                  .Attr<int64_t>("comm_key")
+                                  .Attr<int64_t>("timeout_ms"));     // every wait's limit

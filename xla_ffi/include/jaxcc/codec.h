@@ -1,6 +1,6 @@
-// The jaxcc codec formats, shared by the CPU handlers (codec.cc), the CUDA
-// kernels (codec.cu) and, byte for byte, the numpy twin
-// (jaxcc/codec/reference.py).
+// The jaxcc codec formats, all of them, shared by the CPU kernels
+// (xla_ffi/cpu/codec*.cc), the CUDA kernels (xla_ffi/cuda/codec*.cu) and, byte
+// for byte, the numpy twin (jaxcc/codec/reference.py).
 //
 // Elements of bf16, f16 and f32 are split into an exponent stream and
 // sign+mantissa byte planes:
@@ -59,6 +59,21 @@
 //   the size (Huffman only if it saves 1/32; sign+mantissa planes first
 //   judged on a 1/16 sample), so a block is never larger than 1 + its raw
 //   bytes.
+//
+// The split layout (the Tcp transport's pieces of bf16 or f32 that must start
+// to leave before their exponents are coded: xla_ffi/cpu/piece_codec.h; the
+// numpy twin's split_encode), n elements in two parts sent back to back:
+//
+//   part A: the 32-byte header above but with magic "JCS1" (kSplitMagic;
+//           codec 2, block 2^16, nbytes: part A's size, checksum of part A),
+//           then the sign+mantissa planes verbatim (plane k at 32 + (k-1) n),
+//           zero-padded to 4 bytes;
+//   part B: u32 sizes of the exponent blocks, then per block of 65536
+//           elements its exponent plane coded as an "entropy" plane, then
+//           u32 A, u32 B: the checksum of part B's bytes before it (the same
+//           sums, from word 0).
+//
+//   Part A costs one pass over the input; part B holds ~3 bits per element.
 #ifndef JAXCC_CODEC_H_
 #define JAXCC_CODEC_H_
 
@@ -74,7 +89,8 @@ namespace codec {
 enum CodecId : uint8_t { kFixed = 1, kEntropy = 2 };
 enum DTypeId : uint8_t { kBF16 = 1, kF16 = 2, kF32 = 3 };
 
-constexpr uint32_t kMagic = 0x3143434Au;  // "JCC1"
+constexpr uint32_t kMagic = 0x3143434Au;       // "JCC1"
+constexpr uint32_t kSplitMagic = 0x3153434Au;  // "JCS1": part A of a split piece
 constexpr size_t kHeaderBytes = 32;
 constexpr size_t kChecksumOffset = 24;
 

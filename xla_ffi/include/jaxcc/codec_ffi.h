@@ -1,5 +1,6 @@
-// Handler-side checks shared by the CPU and CUDA codec handlers: target names,
-// the dtype switch, and the validation of encode/decode arguments.
+// Handler-side checks shared by the CPU and CUDA codec handlers: the codec and
+// dtype ids by name, target names, the dtype switch, and the validation of
+// encode/decode arguments.
 #ifndef JAXCC_CODEC_FFI_H_
 #define JAXCC_CODEC_FFI_H_
 
@@ -7,11 +8,26 @@
 #include <string>
 
 #include "jaxcc/codec.h"
-#include "jaxcc/reduce.h"
+#include "jaxcc/dtypes.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcc {
 namespace codec {
+
+// The codecs and the element types they take, by the names of the Python side
+// (jaxcc/codec/reference.py: CODEC_IDS, DTYPE_IDS; jaxcc/_src/ffi.py compares
+// them when it loads the module).
+struct CodecEntry {
+  const char* name;
+  CodecId id;
+};
+constexpr CodecEntry kCodecs[] = {{"fixed", kFixed}, {"entropy", kEntropy}};
+struct CodecType {
+  xla::ffi::DataType type;
+  DTypeId id;
+};
+constexpr CodecType kCodecTypes[] = {
+    {xla::ffi::BF16, kBF16}, {xla::ffi::F16, kF16}, {xla::ffi::F32, kF32}};
 
 inline std::string Name(CodecId c, bool encode) {
   return std::string(encode ? "jaxcc_codec_encode_" : "jaxcc_codec_decode_") +
@@ -24,15 +40,16 @@ inline uint64_t MaxBytes(CodecId c, DTypeId d, uint64_t n) {
 
 // The codec dtype of `t`, or InvalidArgument naming it.
 inline xla::ffi::Error CheckDType(const std::string& name, xla::ffi::DataType t, DTypeId* d) {
-  namespace ffi = xla::ffi;
-  switch (t) {
-    case ffi::BF16: *d = kBF16; return ffi::Error::Success();
-    case ffi::F16: *d = kF16; return ffi::Error::Success();
-    case ffi::F32: *d = kF32; return ffi::Error::Success();
-    default:
-      return ffi::Error::InvalidArgument(name + ": unsupported dtype " + DataTypeName(t) +
-                                         " (supported: bfloat16, float16, float32)");
+  std::string supported;
+  for (const CodecType& c : kCodecTypes) {
+    if (c.type == t) {
+      *d = c.id;
+      return xla::ffi::Error::Success();
+    }
+    supported += (supported.empty() ? "" : ", ") + DataTypeName(c.type);
   }
+  return xla::ffi::Error::InvalidArgument(name + ": unsupported dtype " + DataTypeName(t) +
+                                          " (supported: " + supported + ")");
 }
 
 // The dtype of x and a payload of `payload_bytes` that holds any encoding of it.

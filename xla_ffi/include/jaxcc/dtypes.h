@@ -1,4 +1,5 @@
-// Bit-exact 16-bit float conversions and the accumulator-type trait.
+// Element types: bit-exact 16-bit float conversions, the accumulator-type
+// trait, and the names of XLA's element types for messages.
 //
 // Host code reproduces what XLA:CPU does for `astype` (checked bit for bit
 // against jax 0.10.2 on every bf16/f16 input and every f32 input):
@@ -20,7 +21,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
+
+#include "xla/ffi/api/ffi.h"
 
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
@@ -173,6 +177,29 @@ JAXCC_HD inline BFloat16 FromAccumulator<BFloat16>(float x) {
 template <>
 JAXCC_HD inline Float16 FromAccumulator<Float16>(float x) {
   return FloatToFloat16(x);
+}
+
+// Lower-case jnp name of an FFI dtype, for messages and for the Python side.
+inline std::string DataTypeName(xla::ffi::DataType dtype) {
+  namespace ffi = xla::ffi;
+  switch (dtype) {
+    case ffi::PRED: return "bool";
+    case ffi::S8: return "int8";
+    case ffi::S16: return "int16";
+    case ffi::S32: return "int32";
+    case ffi::S64: return "int64";
+    case ffi::U8: return "uint8";
+    case ffi::U16: return "uint16";
+    case ffi::U32: return "uint32";
+    case ffi::U64: return "uint64";
+    case ffi::F16: return "float16";
+    case ffi::BF16: return "bfloat16";
+    case ffi::F32: return "float32";
+    case ffi::F64: return "float64";
+    case ffi::C64: return "complex64";
+    case ffi::C128: return "complex128";
+    default: return "dtype #" + std::to_string(static_cast<int>(dtype));
+  }
 }
 
 }  // namespace jaxcc

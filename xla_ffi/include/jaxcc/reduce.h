@@ -56,33 +56,17 @@ JAXCC_HD inline A AccumulatorAdd(A a, A b) {
 // Handler side (host code, shared by the CPU and CUDA handlers).
 // ---------------------------------------------------------------------------
 
-// Lower-case jnp name of an FFI dtype, for error messages.
-inline std::string DataTypeName(xla::ffi::DataType dtype) {
-  namespace ffi = xla::ffi;
-  switch (dtype) {
-    case ffi::PRED: return "bool";
-    case ffi::S8: return "int8";
-    case ffi::S16: return "int16";
-    case ffi::S32: return "int32";
-    case ffi::S64: return "int64";
-    case ffi::U8: return "uint8";
-    case ffi::U16: return "uint16";
-    case ffi::U32: return "uint32";
-    case ffi::U64: return "uint64";
-    case ffi::F16: return "float16";
-    case ffi::BF16: return "bfloat16";
-    case ffi::F32: return "float32";
-    case ffi::F64: return "float64";
-    case ffi::C64: return "complex64";
-    case ffi::C128: return "complex128";
-    default: return "dtype #" + std::to_string(static_cast<int>(dtype));
-  }
-}
-
 template <typename T>
 struct TypeTag {
   using Type = T;
 };
+
+// The element types jaxcc_reduce sums, in DispatchReduceType's order (the
+// Python side's jaxcc._src.reduce.REDUCIBLE_DTYPES; jaxcc/_src/ffi.py
+// compares the two when it loads the module).
+constexpr xla::ffi::DataType kReducibleTypes[] = {
+    xla::ffi::F32, xla::ffi::BF16, xla::ffi::F16, xla::ffi::F64, xla::ffi::S32,
+    xla::ffi::S64, xla::ffi::U32,  xla::ffi::U8,  xla::ffi::S8};
 
 // Calls fn(TypeTag<T>{}) for the element type T of `dtype`, or returns
 // InvalidArgument naming the dtype if jaxcc_reduce does not support it.
@@ -99,10 +83,14 @@ xla::ffi::Error DispatchReduceType(xla::ffi::DataType dtype, Fn&& fn) {
     case ffi::U32: return fn(TypeTag<uint32_t>{});
     case ffi::U8: return fn(TypeTag<uint8_t>{});
     case ffi::S8: return fn(TypeTag<int8_t>{});
-    default:
-      return ffi::Error::InvalidArgument(
-          "jaxcc_reduce: unsupported dtype " + DataTypeName(dtype) +
-          " (supported: float32, bfloat16, float16, float64, int32, int64, uint32, uint8, int8)");
+    default: {
+      std::string supported;
+      for (ffi::DataType t : kReducibleTypes) {
+        supported += (supported.empty() ? "" : ", ") + DataTypeName(t);
+      }
+      return ffi::Error::InvalidArgument("jaxcc_reduce: unsupported dtype " +
+                                         DataTypeName(dtype) + " (supported: " + supported + ")");
+    }
   }
 }
 

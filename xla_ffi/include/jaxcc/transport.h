@@ -10,13 +10,16 @@
 //      summed with its own range in one kernel call.
 //   3. ReceivesDone(t), then SendsDone(t, step): every piece it sent in step t
 //      has been taken, so later steps may overwrite those ranges.
-// Every wait ends within the transport's timeout with an error that names the
-// peer and the step.
+// Every wait ends within the transport's timeout (the handler's `timeout_ms`
+// attribute: JAXCC_TIMEOUT_S) with an error that names the peer and the step.
+// A rank that fails calls Fail, so that its peers stop waiting for it.
 #ifndef JAXCC_TRANSPORT_H_
 #define JAXCC_TRANSPORT_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,7 +36,16 @@ class Transport {
                               const char** view) = 0;
   virtual std::string ReceivesDone(int64_t step) = 0;
   virtual std::string SendsDone(int64_t step, const RankStep& plan) = 0;
+  // Ends the call on this rank with `error` and tells the other ranks.
+  virtual void Fail(const std::string& error) = 0;
 };
+
+// A timeout as text for messages: "2 s", "0.5 s".
+inline std::string TimeoutText(std::chrono::milliseconds timeout) {
+  std::ostringstream out;
+  out << static_cast<double>(timeout.count()) / 1000 << " s";
+  return out.str();
+}
 
 // The kernels a platform supplies: copy bytes, and sum k inputs of n elements
 // in order into out (out may be inputs[0]).

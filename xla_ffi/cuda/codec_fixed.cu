@@ -1,0 +1,284 @@
+// The "fixed" codec on the GPU (format: jaxcc/codec.h): one thread per
+// element, one 256-thread CUDA block per codec block; the spill area is placed
+// by an exclusive scan of the per-block spill sizes.
+#include <cub/cub.cuh>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "codec_cuda.h"
+#include "jaxcc/codec.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcc {
+namespace codec {
+namespace {
+
+// ORs v over the 8-lane group of this lane (lanes 8g..8g+7 of a warp).
+__device__ inline uint32_t GroupOr8(uint32_t v) {
+  v |= __shfl_xor_sync(0xffffffffu, v, 1);
+  v |= __shfl_xor_sync(0xffffffffu, v, 2);
+  v |= __shfl_xor_sync(0xffffffffu, v, 4);
+  return v;
+}
+
+// Pass 1: table entry, codes, planes; the block's spill size into spill_size.
+template <DTypeId D>
+__global__ void __launch_bounds__(kThreads)
+    FixedEncodeKernel(const Bits<D>* x, uint64_t n, uint8_t* out, uint32_t* spill_size) {
+  const FixedLayout l = MakeFixedLayout(D, n);
+  const uint64_t blk = blockIdx.x;
+  const uint64_t start = blk * kFixedBlock;
+  const uint32_t m = static_cast<uint32_t>(Min<uint64_t>(kFixedBlock, n - start));
+  const uint32_t i = threadIdx.x;
+  const bool live = i < m;
+  const uint32_t v = live ? x[start + i] : 0u;
+  const uint32_t e = Exponent<D>(v);
+  using Reduce = cub::BlockReduce<uint32_t, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  __shared__ uint32_t shared_base, shared_esc;
+  const uint32_t mx = Reduce(temp).Reduce(e, MaxOp());
+  if (i == 0) shared_base = FixedBase(mx);
+  __syncthreads();
+  const uint32_t base = shared_base;
+  const uint32_t escapes = Reduce(temp).Sum(live && FixedEscapes(e, base) ? 1u : 0u);
+  if (i == 0) shared_esc = FixedEscByte(D, escapes, m);
+  __syncthreads();
+  const uint32_t esc = shared_esc;
+  uint32_t c = esc == kFixedRawExponents ? (e & 15u) : FixedCode(e, base);
+  const uint32_t hi_c = __shfl_down_sync(0xffffffffu, c, 1);
+  if (live && (i & 1) == 0) {
+    out[l.codes + start / 2 + i / 2] = static_cast<uint8_t>(c | ((i + 1 < m ? hi_c : 0u) << 4));
+  }
+  uint8_t p[kMaxPlanes];
+  Split<D>(v, p);
+  if constexpr (D == kF16) {
+    if (live) out[l.planes + start + i] = p[1];
+    const uint32_t k = i & 7;
+    const uint32_t word = GroupOr8(live ? uint32_t{p[2]} << (3 * k) : 0u);
+    const uint32_t g = i / 8;
+    if (live && k == 0) {
+      const uint32_t bytes = Min(3u, static_cast<uint32_t>(CeilDiv(3 * (m - 8 * g), 8)));
+      uint8_t* p3 = out + l.packed3 + start / 8 * 3 + 3 * g;
+      for (uint32_t b = 0; b < bytes; ++b) p3[b] = static_cast<uint8_t>(word >> (8 * b));
+    }
+  } else {
+    constexpr int kSm = D == kF32 ? 3 : 1;
+    if (live) {
+      for (int k = 0; k < kSm; ++k) out[l.planes + k * n + start + i] = p[1 + k];
+    }
+  }
+  if (i == 0) {
+    out[l.table + 2 * blk] = static_cast<uint8_t>(base);
+    out[l.table + 2 * blk + 1] = static_cast<uint8_t>(esc);
+    spill_size[blk] = static_cast<uint32_t>(FixedBlockSpill(D, esc, m));
+  }
+}
+
+// Pass 2: the spill of the blocks that have one, at the scanned offsets.
+template <DTypeId D>
+__global__ void __launch_bounds__(kThreads)
+    FixedSpillKernel(const Bits<D>* x, uint64_t n, uint8_t* out, const uint32_t* spill_offset) {
+  const FixedLayout l = MakeFixedLayout(D, n);
+  const uint64_t blk = blockIdx.x;
+  const uint64_t start = blk * kFixedBlock;
+  const uint32_t m = static_cast<uint32_t>(Min<uint64_t>(kFixedBlock, n - start));
+  const uint32_t base = out[l.table + 2 * blk];
+  const uint32_t esc = out[l.table + 2 * blk + 1];
+  if (esc == 0) return;
+  const uint32_t i = threadIdx.x;
+  const bool live = i < m;
+  const uint32_t e = live ? Exponent<D>(x[start + i]) : 0u;
+  uint8_t* s = out + l.spill + spill_offset[blk];
+  if (esc == kFixedRawExponents) {
+    if constexpr (D == kF16) {
+      const uint32_t bit = (e >> 4) & 1u;
+      const uint32_t byte = GroupOr8(live ? bit << (i & 7) : 0u);
+      if (live && (i & 7) == 0) s[i / 8] = static_cast<uint8_t>(byte);
+    } else {
+      const uint32_t hi = e >> 4;
+      const uint32_t next = __shfl_down_sync(0xffffffffu, hi, 1);
+      if (live && (i & 1) == 0) s[i / 2] = static_cast<uint8_t>(hi | ((i + 1 < m ? next : 0u) << 4));
+    }
+    return;
+  }
+  const bool escapes = live && FixedEscapes(e, base);
+  using Scan = cub::BlockScan<uint32_t, kThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  uint32_t rank;
+  Scan(temp).ExclusiveSum(escapes ? 1u : 0u, rank);
+  if (escapes) {
+    s[2 * rank] = static_cast<uint8_t>(i);
+    s[2 * rank + 1] = static_cast<uint8_t>(e);
+  }
+}
+
+// nbytes = max(static size, end of spill); zero-fills the unused pool.
+__global__ void FixedSizeKernel(uint8_t* out, FixedLayout l, const uint32_t* spill_total,
+                                uint64_t* nbytes) {
+  const uint64_t used = *spill_total;
+  const uint64_t end = max(l.static_bytes, l.spill + used);
+  for (uint64_t k = l.spill + used + uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; k < end;
+       k += uint64_t{gridDim.x} * blockDim.x) {
+    out[k] = 0;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *nbytes = end;
+}
+
+// ---------------------------------------------------------------------------
+// "fixed" decode.
+// ---------------------------------------------------------------------------
+
+template <DTypeId D>
+__global__ void FixedSpillSizesKernel(const uint8_t* in, uint64_t n, uint32_t* spill_size) {
+  const FixedLayout l = MakeFixedLayout(D, n);
+  const uint64_t blk = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (blk >= l.blocks) return;
+  const uint64_t m = Min<uint64_t>(kFixedBlock, n - blk * kFixedBlock);
+  spill_size[blk] = static_cast<uint32_t>(FixedBlockSpill(D, in[l.table + 2 * blk + 1], m));
+}
+
+template <DTypeId D>
+__global__ void __launch_bounds__(kThreads)
+    FixedDecodeKernel(const uint8_t* in, uint64_t nbytes, uint64_t n, const uint32_t* spill_offset,
+                      Bits<D>* y, uint32_t* status) {
+  constexpr int kExpBits = D == kF16 ? 5 : 8;
+  const FixedLayout l = MakeFixedLayout(D, n);
+  const uint64_t blk = blockIdx.x;
+  const uint64_t start = blk * kFixedBlock;
+  const uint32_t m = static_cast<uint32_t>(Min<uint64_t>(kFixedBlock, n - start));
+  const uint32_t i = threadIdx.x;
+  const uint32_t base = in[l.table + 2 * blk];
+  const uint32_t esc = in[l.table + 2 * blk + 1];
+  const uint64_t need = FixedBlockSpill(D, esc, m);
+  const uint64_t at = l.spill + spill_offset[blk];
+  if (base >= (1u << kExpBits) || base < 15 ||
+      (esc != kFixedRawExponents && 2 * esc > FixedRawSpill(D, m)) || at + need > nbytes) {
+    if (i == 0) Fail(status, kBadBlockHeader);
+    return;
+  }
+  const uint8_t* s = in + at;
+  __shared__ uint8_t e[kFixedBlock];
+  const uint32_t code = i < m ? (in[l.codes + start / 2 + i / 2] >> (4 * (i & 1))) & 15u : 0u;
+  if (esc == kFixedRawExponents) {
+    uint32_t hi = 0;
+    if (i < m) hi = kExpBits == 8 ? (s[i / 2] >> (4 * (i & 1))) & 15u : (s[i / 8] >> (i & 7)) & 1u;
+    e[i] = static_cast<uint8_t>(code | hi << 4);
+  } else {
+    e[i] = static_cast<uint8_t>(FixedExponent(code, base));
+  }
+  __syncthreads();
+  bool bad_escape = false;
+  if (esc != kFixedRawExponents && i < esc) {
+    const uint32_t idx = s[2 * i], ex = s[2 * i + 1];
+    const uint32_t prev = i ? s[2 * i - 2] : 0u;
+    bad_escape = (i && idx <= prev) || idx >= m || e[idx] != 0 || !FixedEscapes(ex, base);
+  }
+  if (__syncthreads_or(bad_escape)) {
+    if (i == 0) Fail(status, kBadEscape);
+    return;
+  }
+  if (esc != kFixedRawExponents && i < esc) e[s[2 * i]] = s[2 * i + 1];
+  __syncthreads();
+  if (i >= m) return;
+  if constexpr (D == kBF16) {
+    y[start + i] = static_cast<uint16_t>(Join<D>(e[i], in[l.planes + start + i]));
+  } else if constexpr (D == kF32) {
+    const uint8_t* p1 = in + l.planes + start + i;
+    y[start + i] = Join<D>(e[i], p1[0], p1[n], p1[2 * n]);
+  } else {
+    const uint8_t* p3 = in + l.packed3 + start / 8 * 3;
+    const uint32_t g = i / 8, k = i % 8;
+    const uint32_t byte = 3 * g + (3 * k) / 8, sh = (3 * k) % 8;
+    uint32_t two = p3[byte];
+    if (sh > 5) two |= uint32_t{p3[byte + 1]} << 8;
+    y[start + i] = static_cast<uint16_t>(Join<D>(e[i], in[l.planes + start + i], (two >> sh) & 7u));
+  }
+}
+
+}  // namespace
+
+template <DTypeId D>
+ffi::Error EncodeFixedOn(const std::string& name, cudaStream_t stream,
+                         ffi::ScratchAllocator& scratch, const void* x, uint64_t n, uint8_t* out,
+                         int32_t* nbytes_out) {
+  const FixedLayout l = MakeFixedLayout(D, n);
+  const uint64_t bytes = 2 * 256 + 2 * (l.blocks + 1) * sizeof(uint32_t) + 2 * 256;
+  std::optional<uint8_t*> buf = Allocate(scratch, bytes);
+  if (!buf) return NoScratch(name, bytes);
+  Carver carve{*buf};
+  uint64_t* nbytes = carve.Take<uint64_t>(1);
+  uint32_t* sums = carve.Take<uint32_t>(2);
+  uint32_t* spill_size = carve.Take<uint32_t>(l.blocks + 1);
+  uint32_t* spill_offset = carve.Take<uint32_t>(l.blocks + 1);
+  const Bits<D>* src = static_cast<const Bits<D>*>(x);
+  JAXCC_CUDA(name, cudaMemsetAsync(spill_size, 0, (l.blocks + 1) * sizeof(uint32_t), stream));
+  if (l.blocks) {
+    FixedEncodeKernel<D><<<l.blocks, kThreads, 0, stream>>>(src, n, out, spill_size);
+    JAXCC_LAUNCHED(name);
+  }
+  ffi::Error err = ExclusiveScan(name, stream, scratch, spill_size, spill_offset, l.blocks);
+  if (err.failure()) return err;
+  if (l.blocks) {
+    FixedSpillKernel<D><<<l.blocks, kThreads, 0, stream>>>(src, n, out, spill_offset);
+    JAXCC_LAUNCHED(name);
+  }
+  const int fill_blocks = static_cast<int>(std::max<uint64_t>(1, Min<uint64_t>(CeilDiv(l.static_bytes - l.spill, kThreads), 1024)));
+  FixedSizeKernel<<<fill_blocks, kThreads, 0, stream>>>(out, l, spill_offset + l.blocks, nbytes);
+  JAXCC_LAUNCHED(name);
+  return Finish(name, stream, out, kFixed, D, n, l.max_bytes, nbytes, sums, nbytes_out);
+}
+
+template <DTypeId D>
+ffi::Error DecodeFixedOn(const std::string& name, cudaStream_t stream,
+                         ffi::ScratchAllocator& scratch, const uint8_t* in, uint64_t nbytes,
+                         uint64_t n, void* y, uint32_t* status) {
+  const FixedLayout l = MakeFixedLayout(D, n);
+  if (nbytes < l.static_bytes) {
+    return ffi::Error::InvalidArgument(name + ": cannot decode: truncated: " +
+                                       std::to_string(nbytes) + " bytes, less than the static size " +
+                                       std::to_string(l.static_bytes));
+  }
+  const uint64_t bytes = 2 * (l.blocks + 1) * sizeof(uint32_t) + 512;
+  std::optional<uint8_t*> buf = Allocate(scratch, bytes);
+  if (!buf) return NoScratch(name, bytes);
+  Carver carve{*buf};
+  uint32_t* spill_size = carve.Take<uint32_t>(l.blocks + 1);
+  uint32_t* spill_offset = carve.Take<uint32_t>(l.blocks + 1);
+  JAXCC_CUDA(name, cudaMemsetAsync(spill_size, 0, (l.blocks + 1) * sizeof(uint32_t), stream));
+  if (l.blocks) {
+    FixedSpillSizesKernel<D><<<CeilDiv(l.blocks, kThreads), kThreads, 0, stream>>>(in, n, spill_size);
+    JAXCC_LAUNCHED(name);
+  }
+  ffi::Error err = ExclusiveScan(name, stream, scratch, spill_size, spill_offset, l.blocks);
+  if (err.failure()) return err;
+  if (l.blocks) {
+    FixedDecodeKernel<D><<<l.blocks, kThreads, 0, stream>>>(in, nbytes, n, spill_offset,
+                                                            static_cast<Bits<D>*>(y), status);
+    JAXCC_LAUNCHED(name);
+  }
+  // The total size check: status[1] = spill total (u32; < 2^31 bytes overall).
+  JAXCC_CUDA(name, cudaMemcpyAsync(status + 1, spill_offset + l.blocks, sizeof(uint32_t),
+                                   cudaMemcpyDeviceToDevice, stream));
+  return ffi::Error::Success();
+}
+
+// The launchers of each dtype, for codec.cu.
+template ffi::Error EncodeFixedOn<kBF16>(const std::string&, cudaStream_t, ffi::ScratchAllocator&,
+                                         const void*, uint64_t, uint8_t*, int32_t*);
+template ffi::Error EncodeFixedOn<kF16>(const std::string&, cudaStream_t, ffi::ScratchAllocator&,
+                                        const void*, uint64_t, uint8_t*, int32_t*);
+template ffi::Error EncodeFixedOn<kF32>(const std::string&, cudaStream_t, ffi::ScratchAllocator&,
+                                        const void*, uint64_t, uint8_t*, int32_t*);
+template ffi::Error DecodeFixedOn<kBF16>(const std::string&, cudaStream_t, ffi::ScratchAllocator&,
+                                         const uint8_t*, uint64_t, uint64_t, void*, uint32_t*);
+template ffi::Error DecodeFixedOn<kF16>(const std::string&, cudaStream_t, ffi::ScratchAllocator&,
+                                        const uint8_t*, uint64_t, uint64_t, void*, uint32_t*);
+template ffi::Error DecodeFixedOn<kF32>(const std::string&, cudaStream_t, ffi::ScratchAllocator&,
+                                        const uint8_t*, uint64_t, uint64_t, void*, uint32_t*);
+
+}  // namespace codec
+}  // namespace jaxcc
