@@ -6,10 +6,10 @@ import jax
 import numpy as np
 
 from jaxcc import codec as codec_lib
+from jaxcc import planner
 from jaxcc._src import compat, native_executor, nccl_bootstrap, xla_executor
 from jaxcc._src.reduce import SUPPORTED_DTYPES
 from jaxcc.schedules.ir import Schedule
-from jaxcc.schedules.planner import check_algorithm, pipelined, schedule_for
 from jaxcc.topology import Topology
 
 EXECUTORS = ("auto", "native", "xla")
@@ -63,7 +63,11 @@ def run_native(buf: jax.Array, sched: Schedule, params: dict,
     procs = native_executor.process_map(params["axis_name"], params["group_axes"])
     if procs is not None:
       if len(procs):  # over TCP: the pipelined schedule, whose steps the runner overlaps
-        sched = pipelined(sched, params["topology"])
+        length = sched.length // 2 if sched.collective == "ppermute" else sched.length
+        sched = planner.schedule(sched.collective, length, sched.itemsize, params["topology"],
+                                 sched.algorithm, root=sched.root,
+                                 perm=sched.perm if sched.collective == "ppermute" else None,
+                                 api=f"jaxcc.{sched.collective}")
       return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"],
                                           procs, params["topology"], params.get("codec"))
   if params["executor"] == "native":
@@ -101,7 +105,7 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
   if not isinstance(algorithm, str):
     raise TypeError(f"{api}: algorithm must be a str, got {algorithm!r}")
   if algorithm != "lax":
-    check_algorithm(collective, algorithm)
+    planner.check_algorithm(collective, algorithm, api)
   elif codec is not None:
     raise ValueError(f"{api}: algorithm='lax' is XLA's own collective, which cannot move "
                      f"encoded bytes; use codec=None with it, or another algorithm with "
@@ -147,8 +151,9 @@ def schedule(collective: str, x_size: int, dtype, params: dict, root: int = 0) -
   """
   itemsize = np.dtype(dtype).itemsize
   algorithm = params["algorithm"]
+  api = f"jaxcc.{collective}"
   if algorithm == "auto":  # chosen on the pipelined schedules the simulator prices
-    algorithm = schedule_for(collective, x_size, itemsize, params["topology"], "auto",
-                             root).algorithm
-  return schedule_for(collective, x_size, itemsize, params["topology"], algorithm, root,
-                      chunks=1)
+    algorithm = planner.auto_algorithm(collective, x_size, itemsize, params["topology"],
+                                       root=root, api=api)
+  return planner.schedule(collective, x_size, itemsize, params["topology"], algorithm, root=root,
+                          chunks=1, api=api)

@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxcc import planner
 from jaxcc._src import compat, encoded_ppermute, native_executor
 from jaxcc._src.bits import as_bits
 from jaxcc.collectives import _common
-from jaxcc.schedules.permute import check_perm
-from jaxcc.schedules.planner import schedule_for
+from jaxcc.schedules.ir import check_perm
 from jaxcc.topology import Topology
 
 
@@ -64,8 +64,8 @@ def _run(x, *, perm, native, **params):
   axis_name = params["axis_name"]
   if not _native_pays(params, native):
     return encoded_ppermute.ppermute([x], axis_name, [perm], params["codec"])[0]
-  sched = schedule_for("ppermute", x.size, x.dtype.itemsize, params["topology"], "direct",
-                       chunks=1, perm=perm)
+  sched = planner.schedule("ppermute", x.size, x.dtype.itemsize, params["topology"], "direct",
+                           chunks=1, perm=perm, api="jaxcc.ppermute")
   # The input, then the output, zeros where no pair sends; 16-bit floats placed as bits.
   bits = as_bits(x.reshape(-1))
   buf = lax.bitcast_convert_type(jnp.concatenate([bits, jnp.zeros_like(bits)]), x.dtype)

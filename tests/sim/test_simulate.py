@@ -5,7 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
-from jaxcc.schedules import ALGORITHMS, plan
+from jaxcc.planner import ALGORITHMS, plan
 from jaxcc.schedules.ir import COPY, REDUCE
 from jaxcc.sim import SimResult, simulate
 from jaxcc.sim.bounds import fault_free_ring_time, lower_bound
@@ -44,7 +44,7 @@ def test_empty_schedule():
 
 
 def test_topology_size_must_match():
-  with pytest.raises(ValueError, match="topology has 2 ranks but the schedule has 3"):
+  with pytest.raises(ValueError, match="^jaxcc.sim.simulate: topology has 2 ranks but the schedule has 3"):
     simulate(build("all_reduce", 3, 4, []), Topology.uniform(2, 1.0))
 
 
