@@ -77,10 +77,11 @@ class Topology:
 
     Repeatable: each call marks one more straggler (or slows one further).
     """
+    api = "jaxcc.Topology.with_straggler"
     if not isinstance(rank, int) or not 0 <= rank < self.size:
-      raise ValueError(f"jaxcc.Topology.with_straggler: rank must be in [0, {self.size}), got {rank!r}")
+      raise ValueError(f"{api}: rank must be in [0, {self.size}), got {rank!r}")
     if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
-      raise ValueError(f"jaxcc.Topology.with_straggler: fraction must be in (0, 1], got {fraction!r}")
+      raise ValueError(f"{api}: fraction must be in (0, 1], got {fraction!r}")
     send = list(self.send_bandwidth)
     recv = list(self.recv_bandwidth)
     send[rank] *= fraction

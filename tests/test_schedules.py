@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import jaxcc
 from jaxcc import Topology, plan
 from jaxcc.planner import ALGORITHMS, auto_algorithm, schedule
 from jaxcc.schedules import COPY, REDUCE, ScheduleError, choose_chunks, optimal_shares
@@ -149,6 +150,17 @@ def test_every_algorithm_plans_for_one_rank():
       kw = {"perm": [(0, 0)]} if coll == "ppermute" else {}
       s = plan(coll, 4 * 3, Topology.uniform(1, 1.0), alg, **kw)
       assert len(s.table) == 0 and s.num_steps == 0
+
+
+def test_every_algorithm_plans_an_empty_buffer():
+  topo = Topology.uniform(3, 1.0)
+  for coll, algs in ALGORITHMS.items():
+    for alg in algs:
+      kw = {"perm": [(0, 1), (1, 2)]} if coll == "ppermute" else {}
+      s = plan(coll, 0, topo, alg, **kw)
+      assert s.length == 0 and len(s.table) == 0 and s.num_steps == 0
+      jaxcc.sim.check(s)
+      assert jaxcc.sim.simulate(s, topo).time == 0.0
 
 
 @pytest.mark.parametrize("p", [1, 3, 8])

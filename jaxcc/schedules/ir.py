@@ -3,7 +3,8 @@
 A schedule moves ranges of a per-rank buffer of ``length`` elements between
 ``nranks`` ranks. It is a list of steps; each step a set of transfers
 ``(src, dst, src_range, dst_range, op)``. The table behind it is one int64
-array with a row per transfer, so it crosses into the FFI unchanged.
+array with a row per transfer; behind a header it crosses into the FFI as one
+attribute (``serialized``).
 
 Semantics (every executor and the simulator keep them):
 
@@ -311,8 +312,8 @@ def _check_rules(schedule: Schedule, api: str) -> None:
   """The structural rules of the module docstring, vectorised over the table."""
   p, length, coll = schedule.nranks, schedule.length, schedule.collective
   name = f"{api}: {describe(schedule)}"
-  if p < 1 or length < 1:
-    raise ScheduleError(f"{name}: nranks and length must be >= 1")
+  if p < 1 or length < 0:
+    raise ScheduleError(f"{name}: nranks must be >= 1 and length >= 0")
   if coll in ("reduce_scatter", "all_gather") and length % p:
     raise ScheduleError(f"{name}: {coll} needs length divisible by nranks (equal shards), "
                         f"got length {length}")
