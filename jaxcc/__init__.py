@@ -2,7 +2,8 @@
 
 from jaxcc import codec, optim, schedules, sim
 from jaxcc.collectives import all_gather, all_reduce, broadcast, ppermute, reduce_scatter
-from jaxcc.schedules import Schedule, plan
+from jaxcc.planner import plan
+from jaxcc.schedules import Schedule
 from jaxcc.topology import Topology
 
 __version__ = "0.1.0"

@@ -96,7 +96,7 @@ def check_every_collective(mesh):
 def check_pipelined(mesh):
   """Buffers large enough for chunked schedules: over TCP the runner overlaps their steps.
 
-  4 MiB per rank gives 8 chunks on 8 ranks (``jaxcc.schedules.planner.choose_chunks``); the
+  4 MiB per rank gives 8 chunks on 8 ranks (``jaxcc.schedules.choose_chunks``); the
   results must still equal the XLA executor's, which runs the one-chunk schedule step by step.
   """
   topology = jaxcc.Topology.uniform(P_ALL, 1e10).with_straggler(P_ALL - 1, 0.4)

@@ -21,8 +21,8 @@ from jax.sharding import PartitionSpec as P
 
 import jaxcc
 from jaxcc import Topology
-from jaxcc._src import native_executor
-from jaxcc.schedules.ir import DST, SRC
+from jaxcc._src import native_executor, xla_executor
+from jaxcc.schedules.ir import DST, SRC, Schedule
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 SEED = np.random.SeedSequence().entropy
@@ -148,6 +148,51 @@ def test_a_missing_rank_times_out_naming_it():
   assert re.search(r"timed out after 2 s at step \d+ waiting for rank \d.*never joined: rank 4",
                    proc.stderr), proc.stderr
   assert time.monotonic() - start < 60
+
+
+OTHER_TABLE_VERSION = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import jaxcc
+from jaxcc._src import native_executor
+from jaxcc.schedules.ir import TABLE_VERSION
+sched = jaxcc.plan("all_reduce", 4 * 6, jaxcc.Topology.uniform(2, 1.0), "ring")
+wire = sched.serialized.copy()
+wire[1] = TABLE_VERSION + 1
+sched.__dict__["serialized"] = wire  # as a table written by another build of jaxcc
+mesh = jax.make_mesh((2,), ("x",))
+x = jax.device_put(np.ones((2 * 6,), np.float32), NamedSharding(mesh, P("x")))
+f = jax.jit(jax.shard_map(lambda b: native_executor.run_schedule(b, sched, "x", ()),
+                          mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+np.asarray(f(x))
+"""
+
+
+def test_native_executor_rejects_a_table_of_another_version():
+  """In a subprocess: a failed native call fails the later jaxcc programs of its process."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "-c", OTHER_TABLE_VERSION], env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode != 0
+  assert ("schedule table magic/version mismatch: rebuild jaxcc (found version 2, this build "
+          "reads version 1)") in proc.stderr, proc.stderr
+
+
+def test_xla_executor_rejects_a_table_without_header():
+  s = jaxcc.plan("all_reduce", 4 * 41, Topology.uniform(3, 1.0), "direct", chunks=1)
+  sched = Schedule(s.collective, s.nranks, s.length, s.itemsize, s.algorithm, s.table,
+                   s.num_steps)
+  sched.__dict__["serialized"] = s.table.reshape(-1)  # rows only, as before the header
+  mesh = mesh_of(3)
+  f = jax.jit(jax.shard_map(lambda b: xla_executor.run_schedule(b, sched, "x"), mesh=mesh,
+                            in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  x = jax.device_put(np.ones(3 * 41, np.float32), NamedSharding(mesh, P("x")))
+  with pytest.raises(ValueError, match=r"^jaxcc.all_reduce: schedule table magic/version "
+                     r"mismatch: rebuild jaxcc \(found no jaxcc table header"):
+    f.lower(x)
 
 
 def test_native_needs_one_process_and_manual_axes():

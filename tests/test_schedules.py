@@ -3,10 +3,12 @@
 import numpy as np
 import pytest
 
+import jaxcc
 from jaxcc import Topology, plan
-from jaxcc.schedules import ALGORITHMS, COPY, REDUCE, optimal_shares
-from jaxcc.schedules.planner import (MAX_CHUNKS, MAX_MESSAGES, MIN_PIECE_BYTES, choose_chunks,
-                                     pipelined)
+from jaxcc.planner import ALGORITHMS, auto_algorithm, schedule
+from jaxcc.schedules import COPY, REDUCE, ScheduleError, choose_chunks, optimal_shares
+from jaxcc.schedules.depth import MAX_CHUNKS, MAX_MESSAGES, MIN_PIECE_BYTES
+from jaxcc.schedules.ir import HEADER_LEN, TABLE_MAGIC, TABLE_VERSION, read_table
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
@@ -88,6 +90,24 @@ def test_table_serialisation_and_transfers():
   assert first.op in (COPY, REDUCE)
   assert first.src_range[1] - first.src_range[0] == first.length
   assert all(t.op == REDUCE for t in steps[0]) and all(t.op == COPY for t in steps[-1])
+  wire = s.serialized
+  assert wire.dtype == np.int64 and not wire.flags.writeable
+  assert wire[:HEADER_LEN].tolist() == [TABLE_MAGIC, TABLE_VERSION, 7, 12]
+  np.testing.assert_array_equal(read_table(wire, "api"), s.table)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda t: t[1:], "api: schedule table magic/version mismatch: rebuild jaxcc "
+     r"\(found no jaxcc table header, this jaxcc reads version 1\)"),
+    (lambda t: np.r_[t[:1], TABLE_VERSION + 1, t[2:]], "magic/version mismatch: rebuild jaxcc "
+     r"\(found version 2"),
+    (lambda t: t[:0], "found no jaxcc table header"),
+    (lambda t: t[:-1], "header says 12 rows of 7 columns, but the table has 83 values after it"),
+])
+def test_read_table_rejects_other_headers(edit, match):
+  wire = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring").serialized
+  with pytest.raises(ValueError, match=match):
+    read_table(edit(wire), "api")
 
 
 def test_schedules_are_cached_and_hashable():
@@ -101,21 +121,23 @@ def test_schedules_are_cached_and_hashable():
 
 @pytest.mark.parametrize("args, kwargs, error, match", [
     (("all_reduce", 4096, Topology.uniform(4, 1.0), "bogus"), {}, ValueError,
-     "unsupported algorithm 'bogus'"),
+     "^jaxcc.plan: unsupported algorithm 'bogus' for all_reduce"),
     (("reduce_scatter", 4096, Topology.uniform(4, 1.0), "optcc"), {}, ValueError,
      "'optcc' is for all_reduce only"),
     (("all_gather", 4096, Topology.uniform(4, 1.0), "r2ccl"), {}, ValueError,
      "expected one of"),
-    (("gather", 4096, Topology.uniform(4, 1.0), "ring"), {}, ValueError, "unknown collective"),
+    (("gather", 4096, Topology.uniform(4, 1.0), "ring"), {}, ValueError,
+     "^jaxcc.plan: unknown collective"),
     (("all_reduce", 4097, Topology.uniform(4, 1.0), "ring"), {}, ValueError,
-     "multiple of itemsize=4"),
+     "^jaxcc.plan: nbytes must be a non-negative multiple of itemsize=4"),
     (("reduce_scatter", 4 * 6, Topology.uniform(4, 1.0), "ring"), {}, ValueError,
-     "divisible by the axis size 4"),
+     "^jaxcc.plan: .* divisible by the axis size 4"),
     (("broadcast", 16, Topology.uniform(4, 1.0), "ring"), {"root": 4}, ValueError,
-     r"root must be a rank in \[0, 4\)"),
-    (("all_reduce", 16, None, "ring"), {}, TypeError, "topology must be a jaxcc.Topology"),
+     r"^jaxcc.plan: root must be a rank in \[0, 4\)"),
+    (("all_reduce", 16, None, "ring"), {}, TypeError,
+     "^jaxcc.plan: topology must be a jaxcc.Topology"),
     (("all_reduce", 16, Topology.uniform(4, 1.0), "ring"), {"chunks": 0}, ValueError,
-     "chunks must be a positive integer"),
+     "^jaxcc.plan: chunks must be a positive integer"),
 ])
 def test_plan_errors(args, kwargs, error, match):
   with pytest.raises(error, match=match):
@@ -128,6 +150,17 @@ def test_every_algorithm_plans_for_one_rank():
       kw = {"perm": [(0, 0)]} if coll == "ppermute" else {}
       s = plan(coll, 4 * 3, Topology.uniform(1, 1.0), alg, **kw)
       assert len(s.table) == 0 and s.num_steps == 0
+
+
+def test_every_algorithm_plans_an_empty_buffer():
+  topo = Topology.uniform(3, 1.0)
+  for coll, algs in ALGORITHMS.items():
+    for alg in algs:
+      kw = {"perm": [(0, 1), (1, 2)]} if coll == "ppermute" else {}
+      s = plan(coll, 0, topo, alg, **kw)
+      assert s.length == 0 and len(s.table) == 0 and s.num_steps == 0
+      jaxcc.sim.check(s)
+      assert jaxcc.sim.simulate(s, topo).time == 0.0
 
 
 @pytest.mark.parametrize("p", [1, 3, 8])
@@ -152,19 +185,57 @@ def test_ppermute_plan_pipelines_like_a_broadcast_chain():
   topo, perm, nbytes = Topology.uniform(4, 1.0), [(i, (i + 1) % 4) for i in range(4)], 1 << 19
   big = plan("ppermute", nbytes, topo, perm=perm)
   assert big.algorithm == "direct" and big.chunks == choose_chunks("ppermute", nbytes, 4) == 8
-  assert pipelined(plan("ppermute", nbytes, topo, perm=perm, chunks=1), topo) == big
-  ring = plan("all_reduce", 4096, topo, "ring", chunks=1)
-  assert pipelined(ring, topo) == plan("all_reduce", 4096, topo, "ring")
+  assert schedule("ppermute", nbytes // 4, 4, topo, "direct", perm=perm) is big
+  assert schedule("ppermute", nbytes // 4, 4, topo, "direct", perm=perm, chunks=1).chunks == 1
+
+
+def test_schedule_is_plan_in_elements_at_the_depth_asked_for():
+  topo = Topology.uniform(4, 1.0).with_straggler(1, 0.25)
+  n = 8 << 20
+  deep = schedule("all_reduce", n // 4, 4, topo, "auto")
+  assert deep is plan("all_reduce", n, topo) and deep.chunks == choose_chunks("all_reduce", n, 4)
+  assert schedule("all_reduce", n // 4, 4, topo, deep.algorithm, chunks=deep.chunks) is deep
+  # auto_algorithm prices the pipelined candidates; the one-chunk schedule is then built.
+  assert auto_algorithm("all_reduce", n // 4, 4, topo) == deep.algorithm == "optcc"
+  flat = schedule("all_reduce", n // 4, 4, topo, deep.algorithm, chunks=1)
+  assert flat.chunks == 1 and flat.algorithm == "optcc"
+  assert auto_algorithm("all_reduce", n // 4, 4, topo, chunks=1) == \
+      schedule("all_reduce", n // 4, 4, topo, "auto", chunks=1).algorithm
+
+
+def test_errors_name_the_api():
+  topo = Topology.uniform(4, 1.0)
+  with pytest.raises(ValueError, match=r"^jaxcc.all_reduce: unsupported algorithm 'tree' for "
+                     r"all_reduce; expected one of \('auto', 'ring'"):
+    schedule("all_reduce", 16, 4, topo, "tree", api="jaxcc.all_reduce")
+  with pytest.raises(ValueError, match=r"^jaxcc.all_gather: the buffer of 6 elements does not "
+                     r"split into 4 equal shards"):
+    schedule("all_gather", 6, 4, topo, "ring", api="jaxcc.all_gather")
+  with pytest.raises(ValueError, match=r"^jaxcc.plan: chunks must be a positive integer"):
+    schedule("all_gather", 8, 4, topo, "ring", chunks=True)
+  with pytest.raises(ValueError, match=r"^jaxcc.broadcast: nbytes must be"):
+    plan("broadcast", 3, topo, api="jaxcc.broadcast")
+
+
+def test_validate_checks_once_and_names_the_api():
+  s = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring")
+  assert s.validate() is s
+  bad = type(s)(s.collective, s.nranks, s.length, s.itemsize, s.algorithm,
+                np.r_[s.table[:1], s.table[:1]], s.num_steps)
+  with pytest.raises(ScheduleError, match=r"^jaxcc.x: ring all_reduce schedule \(nranks=3, "
+                     r"length=12\): step 0, transfer #1 .*second transfer to rank 1"):
+    bad.validate("jaxcc.x")
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({}, "plan: perm must be a sequence of .src, dst. pairs, got None"),
+    ({}, "^jaxcc.plan: perm must be a sequence of .src, dst. pairs, got None"),
     ({"perm": [(0, 1), (2, 1)]}, "names a rank twice as source or as destination"),
     ({"perm": [(0, 4)]}, "rank 4 in perm is outside the axis of size 4"),
-    ({"perm": [(0, 1)], "algorithm": "ring"}, r"ppermute: unsupported algorithm 'ring'.*'direct'"),
+    ({"perm": [(0, 1)], "algorithm": "ring"},
+     r"^jaxcc.plan: unsupported algorithm 'ring' for ppermute.*'direct'"),
 ])
 def test_ppermute_plan_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):
     plan("ppermute", 64, Topology.uniform(4, 1.0), **kwargs)
-  with pytest.raises(ValueError, match="perm is for ppermute only"):
+  with pytest.raises(ValueError, match="^jaxcc.plan: perm is for ppermute only"):
     plan("broadcast", 64, Topology.uniform(4, 1.0), perm=[(0, 1)])

@@ -36,14 +36,28 @@ def test_hashable_and_equal():
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: Topology.uniform(0, 1.0), "ranks must be an integer >= 1, got 0"),
-    (lambda: Topology.uniform(2, 0.0), r"send_bandwidth\[0\] must be a finite number > 0"),
+    (lambda: Topology.uniform(0, 1.0),
+     "^jaxcc.Topology.uniform: number of ranks must be an integer >= 1, got 0"),
+    (lambda: Topology.uniform(2, 0.0),
+     r"^jaxcc.Topology.uniform: bandwidth must be a finite number > 0 \(bytes/s\), got 0.0"),
     (lambda: Topology.uniform(2, -1.0), "got -1.0"),
-    (lambda: Topology.uniform(2, 1.0, latency=-1), r"latency\[0\] must be a finite number >= 0"),
-    (lambda: Topology.uniform(2, 1.0).with_straggler(0, 0.0), r"fraction must be in \(0, 1\]"),
+    (lambda: Topology.uniform(2, 1.0, latency=-1),
+     r"^jaxcc.Topology.uniform: latency must be a finite number >= 0"),
+    (lambda: Topology.uniform(2, 1.0).with_straggler(0, 0.0),
+     r"^jaxcc.Topology.with_straggler: fraction must be in \(0, 1\]"),
     (lambda: Topology.uniform(2, 1.0).with_straggler(0, 1.5), "got 1.5"),
-    (lambda: Topology.uniform(2, 1.0).with_straggler(2, 0.5), r"rank must be in \[0, 2\)"),
-    (lambda: Topology.from_bandwidths([1.0, float("nan")]), r"send_bandwidth\[1\]"),
+    (lambda: Topology.uniform(2, 1.0).with_straggler(2, 0.5),
+     r"^jaxcc.Topology.with_straggler: rank must be in \[0, 2\)"),
+    (lambda: Topology.from_bandwidths([1.0, float("nan")]),
+     r"^jaxcc.Topology.from_bandwidths: send_bandwidth\[1\] must be a finite number > 0"),
+    (lambda: Topology.from_bandwidths([1.0, 2.0], recv_bandwidths=[1.0]),
+     "^jaxcc.Topology.from_bandwidths: send_bandwidth, recv_bandwidth and latency need one entry"),
+    (lambda: Topology.clusters([2, 0], 1.0), "^jaxcc.Topology.clusters: number of ranks"),
+    (lambda: Topology.clusters([2, 2], [1.0, "fast"]),
+     r"^jaxcc.Topology.clusters: bandwidth\[1\] must be a finite number > 0"),
+    (lambda: Topology.clusters([2, 2], [1.0]), "^jaxcc.Topology.clusters: 2 clusters but 1"),
+    (lambda: Topology((1.0,), (1.0,), (-1.0,)), r"^jaxcc.Topology: latency\[0\] must be"),
+    (lambda: Topology((), (), ()), "^jaxcc.Topology: needs at least one rank"),
 ])
 def test_validation(make, match):
   with pytest.raises(ValueError, match=match):

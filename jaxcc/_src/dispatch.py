@@ -31,9 +31,8 @@ import enum
 import jax
 import numpy as np
 
-from jaxcc._src import costs, native_executor, nccl_bootstrap, xla_executor
-from jaxcc._src import compat
-from jaxcc.schedules.planner import pipelined, schedule_for
+from jaxcc import planner
+from jaxcc._src import compat, costs, native_executor, nccl_bootstrap, xla_executor
 from jaxcc.sim import simulate
 
 
@@ -114,12 +113,15 @@ def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *,
   length = buf.shape[0] // 2 if collective == "ppermute" else buf.shape[0]
   topology = params["topology"]
   itemsize = np.dtype(buf.dtype).itemsize
+  api = f"jaxcc.{collective}"
   algorithm = params.get("algorithm", "direct")
   if algorithm == "auto":  # chosen on the pipelined schedules the simulator prices
-    algorithm = schedule_for(collective, length, itemsize, topology, "auto", root,
-                             perm=perm).algorithm
-  sched = schedule_for(collective, length, itemsize, topology, algorithm, root, chunks=1,
-                       perm=perm)
+    algorithm = planner.auto_algorithm(collective, length, itemsize, topology, root=root,
+                                       perm=perm, api=api)
+  # One chunk, or over TCP the depth the cost model picks (the runner overlaps its steps).
+  chunks = None if route.engine is Engine.TCP else 1
+  sched = planner.schedule(collective, length, itemsize, topology, algorithm, root=root,
+                           chunks=chunks, perm=perm, api=api)
   if route.engine is Engine.TWIN:
     return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"),
                                      op=op)
@@ -127,7 +129,6 @@ def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *,
     return native_executor.run_schedule_cuda(buf, sched, params["axis_name"],
                                              params["group_axes"])
   if route.engine is Engine.TCP:
-    sched = pipelined(sched, topology)
     return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"],
                                         route.procs, topology, params.get("codec"))
   return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"])
@@ -176,6 +177,6 @@ def _native_pays(collective: str, engine: Engine, params: dict, nbytes: int) -> 
   if equal_ports or collective == "ppermute":
     return False
   length = max(nbytes // 4, 1)
-  best = schedule_for(collective, length, 4, topology, "auto")
-  ring = schedule_for(collective, length, 4, topology, "ring")
+  best = planner.schedule(collective, length, 4, topology, "auto")
+  ring = planner.schedule(collective, length, 4, topology, "ring")
   return simulate(best, topology).time < costs.NCCL_MARGIN * simulate(ring, topology).time

@@ -2,15 +2,15 @@
 from __future__ import annotations
 import numpy as np
 from jaxcc._src import native_executor
-from jaxcc.schedules.planner import schedule_for
+from jaxcc import planner
 from jaxcc.topology import Topology
 
 
 def _direct(collective, x, axis_name, axis_size, group_axes, **kw):
   if collective == "ppermute":
-    sched = schedule_for(collective, x.shape[0] // 2, np.dtype(x.dtype).itemsize, Topology.uniform(axis_size, 25e9), "direct", chunks=1, **kw)
+    sched = planner.schedule(collective, x.shape[0] // 2, np.dtype(x.dtype).itemsize, Topology.uniform(axis_size, 25e9), "direct", chunks=1, **kw)
     return native_executor.run_schedule(x, sched, axis_name, group_axes)
-  sched = schedule_for(collective, x.shape[0], np.dtype(x.dtype).itemsize,
+  sched = planner.schedule(collective, x.shape[0], np.dtype(x.dtype).itemsize,
                        Topology.uniform(axis_size, 25e9), "direct", chunks=1, **kw)
   return native_executor.run_schedule(x, sched, axis_name, group_axes)
 

@@ -118,7 +118,7 @@ def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
   attrs = {k: _ArrayAttr(v) if isinstance(v, np.ndarray) and v.ndim else v
            for k, v in attrs.items()}
   return collective_p.bind(
-      buf, rank, group, table=_ArrayAttr(np.ascontiguousarray(schedule.table.reshape(-1))),
+      buf, rank, group, table=_ArrayAttr(schedule.serialized),
       num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
       op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
       name=schedule.collective, timeout_ms=np.int64(config.timeout_ms()), **attrs)

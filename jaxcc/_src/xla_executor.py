@@ -28,7 +28,8 @@ from jax import lax
 from jaxcc._src import encoded_ppermute
 from jaxcc._src.bits import word_of
 from jaxcc._src.reduce import reduce_sum
-from jaxcc.schedules.ir import COPY, DST, DST_START, LENGTH, OP, SRC, SRC_START, Schedule
+from jaxcc.schedules.ir import (COPY, DST, DST_START, LENGTH, OP, SRC, SRC_START, STEP, Schedule,
+                                read_table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +51,14 @@ class _Step:
 
 @functools.lru_cache(maxsize=64)
 def _compile(schedule: Schedule) -> tuple[tuple[_Step, ...], int]:
+  """The rounds of every step, read from the serialized table (its header checked)."""
   p = schedule.nranks
+  table = read_table(schedule.serialized, f"jaxcc.{schedule.collective}")
+  bounds = np.searchsorted(table[:, STEP], np.arange(schedule.num_steps + 1))
   steps = []
   pad = 0
   for t in range(schedule.num_steps):
-    rows = schedule.step_table(t)
+    rows = table[bounds[t]:bounds[t + 1]]
     shift = (rows[:, DST] - rows[:, SRC]) % p
     rounds = []
     red_start = np.zeros(p, np.int64)

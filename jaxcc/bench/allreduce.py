@@ -39,7 +39,7 @@ import numpy as np
 
 from jaxcc.bench import calibration
 from jaxcc.bench.report import Progress, format_stragglers
-from jaxcc.schedules import plan
+from jaxcc.planner import plan
 from jaxcc.sim import lower_bound, simulate
 from jaxcc.sim.bounds import fault_free_ring_time
 from jaxcc.testbed import Cluster, launch, parse_rate

@@ -10,7 +10,7 @@ from jaxcc import codec as codec_lib
 from jaxcc._src import compat
 from jaxcc._src.reduce import REDUCIBLE_DTYPES
 from jaxcc.collectives._buckets import DEFAULT_BUCKET_BYTES
-from jaxcc.schedules.planner import check_algorithm
+from jaxcc import planner
 from jaxcc.topology import Topology
 
 EXECUTORS = ("auto", "native", "xla")
@@ -54,10 +54,7 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
   if not isinstance(algorithm, str):
     raise TypeError(f"{api}: algorithm must be a str, got {algorithm!r}")
   if algorithm != "lax":
-    try:
-      check_algorithm(collective, algorithm)
-    except ValueError as e:
-      raise ValueError(f"{api}: {e}") from None
+    planner.check_algorithm(collective, algorithm, api)
   elif codec is not None:
     raise ValueError(f"{api}: algorithm='lax' is XLA's own collective, which cannot move "
                      f"encoded bytes; use codec=None with it, or another algorithm with "

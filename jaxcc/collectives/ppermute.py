@@ -9,7 +9,7 @@ from jax import lax
 from jaxcc._src import compat, dispatch, encoded_ppermute, local_executor
 from jaxcc._src.bits import as_bits
 from jaxcc.collectives import _args, _buckets
-from jaxcc.schedules.permute import check_perm
+from jaxcc.schedules.ir import check_perm
 from jaxcc.topology import Topology
 
 _API = "jaxcc.ppermute"

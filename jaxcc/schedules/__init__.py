@@ -1,7 +1,9 @@
-"""Schedules: collectives as data (steps of transfers) and the algorithms that make them."""
+"""Schedules: collectives as data (steps of transfers), the algorithms that make them and the
+pipeline depth they are cut to (``jaxcc.planner`` chooses among them)."""
 
-from jaxcc.schedules.ir import COPY, REDUCE, Schedule, Transfer
+from jaxcc.schedules.depth import choose_chunks
+from jaxcc.schedules.ir import COPY, REDUCE, Schedule, ScheduleError, Transfer
 from jaxcc.schedules.optcc import optimal_shares
-from jaxcc.schedules.planner import ALGORITHMS, plan
 
-__all__ = ["ALGORITHMS", "COPY", "REDUCE", "Schedule", "Transfer", "optimal_shares", "plan"]
+__all__ = ["COPY", "REDUCE", "Schedule", "ScheduleError", "Transfer", "choose_chunks",
+           "optimal_shares"]

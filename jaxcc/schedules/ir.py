@@ -3,7 +3,8 @@
 A schedule moves ranges of a per-rank buffer of ``length`` elements between
 ``nranks`` ranks. It is a list of steps; each step a set of transfers
 ``(src, dst, src_range, dst_range, op)``. The table behind it is one int64
-array with a row per transfer, so it crosses into the FFI unchanged.
+array with a row per transfer; behind a header it crosses into the FFI as one
+attribute (``serialized``).
 
 Semantics (every executor and the simulator keep them):
 
@@ -29,6 +30,13 @@ Semantics (every executor and the simulator keep them):
 Executors may overlap steps as far as the data dependencies between ranges
 allow (read after write, write after read, write after write); the result is
 the same as running the steps one after another.
+
+``Schedule.validate`` enforces the rules above that a table alone shows (ranges,
+ranks, ops, the per-step rules); ``jaxcc.sim.check`` proves the result.
+``Schedule.serialized`` is the table as executors read it: a header
+(``TABLE_MAGIC``, ``TABLE_VERSION``, ``NUM_COLUMNS``, the number of rows), then
+the rows (``read_table`` checks it; ``xla_ffi/include/jaxcc/schedule.h`` reads
+the same layout).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from jaxcc.schedules.tables import starts, unique
+
 COPY = 0
 REDUCE = 1
 OP_NAMES = {COPY: "copy", REDUCE: "reduce"}
@@ -47,8 +57,17 @@ OP_NAMES = {COPY: "copy", REDUCE: "reduce"}
 # Columns of Schedule.table.
 STEP, SRC, DST, SRC_START, DST_START, LENGTH, OP = range(7)
 NUM_COLUMNS = 7
+# The header of Schedule.serialized; a change of the layout bumps TABLE_VERSION here and in
+# xla_ffi/include/jaxcc/schedule.h.
+TABLE_MAGIC = int.from_bytes(b"jaxccSCH", "big")
+TABLE_VERSION = 1
+HEADER_LEN = 4
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "ppermute")
+
+
+class ScheduleError(ValueError):
+  """A schedule breaks a rule of the IR or does not compute its collective."""
 
 
 class Transfer(NamedTuple):
@@ -101,7 +120,8 @@ class Schedule:
 
   def __post_init__(self):
     if self.collective not in COLLECTIVES:
-      raise ValueError(f"collective must be one of {COLLECTIVES}, got {self.collective!r}")
+      raise ValueError(f"jaxcc.Schedule: collective must be one of {COLLECTIVES}, "
+                       f"got {self.collective!r}")
     object.__setattr__(self, "perm", tuple((int(s), int(d)) for s, d in self.perm))
     table = np.asarray(self.table, dtype=np.int64).reshape(-1, NUM_COLUMNS)
     order = np.argsort(table[:, STEP], kind="stable")
@@ -128,6 +148,32 @@ class Schedule:
     return (f"Schedule({self.collective}, algorithm={self.algorithm!r}, "
             f"nranks={self.nranks}, length={self.length}, steps={self.num_steps}, "
             f"transfers={len(self.table)}, chunks={self.chunks})")
+
+  @functools.cached_property
+  def serialized(self) -> np.ndarray:
+    """The table as executors read it: header, then the rows (int64, read-only)."""
+    header = np.array([TABLE_MAGIC, TABLE_VERSION, NUM_COLUMNS, len(self.table)], np.int64)
+    out = np.concatenate([header, self.table.reshape(-1)])
+    out.setflags(write=False)
+    return out
+
+  def validate(self, api: str = "jaxcc.Schedule.validate") -> Schedule:
+    """Checks the structural rules of the IR (once: a valid schedule stays valid).
+
+    Args:
+      api: the public function the error messages name.
+
+    Returns:
+      The schedule itself.
+
+    Raises:
+      ScheduleError: naming ``api``, the step, the transfer and the rank that
+        break a rule.
+    """
+    if "_valid" not in self.__dict__:
+      _check_rules(self, api)
+      self.__dict__["_valid"] = True  # stored as cached_property stores: frozen allows it
+    return self
 
   @property
   def nbytes(self) -> int:
@@ -199,3 +245,170 @@ def split_weighted(total: int, weights) -> np.ndarray:
   bounds = np.rint(cum / cum[-1] * total).astype(np.int64)
   bounds[-1] = total
   return np.maximum.accumulate(bounds)
+
+
+def read_table(values: np.ndarray, api: str) -> np.ndarray:
+  """The rows of a serialized table (``Schedule.serialized``), shape ``(rows, NUM_COLUMNS)``.
+
+  Raises:
+    ValueError: naming ``api`` when the header is not this version's (a table
+      written by another build of jaxcc) or does not match the values.
+  """
+  values = np.asarray(values, np.int64).reshape(-1)
+  if len(values) < HEADER_LEN or values[0] != TABLE_MAGIC or values[1] != TABLE_VERSION:
+    found = (f"version {int(values[1])}" if len(values) >= HEADER_LEN and values[0] == TABLE_MAGIC
+             else "no jaxcc table header")
+    raise ValueError(f"{api}: schedule table magic/version mismatch: rebuild jaxcc (found "
+                     f"{found}, this jaxcc reads version {TABLE_VERSION})")
+  columns, rows = int(values[2]), int(values[3])
+  if columns != NUM_COLUMNS or rows < 0 or len(values) != HEADER_LEN + rows * columns:
+    raise ValueError(f"{api}: schedule table header says {rows} rows of {columns} columns, "
+                     f"but the table has {len(values) - HEADER_LEN} values after it")
+  return values[HEADER_LEN:].reshape(rows, NUM_COLUMNS)
+
+
+def check_perm(perm, p: int, api: str) -> tuple[tuple[int, int], ...]:
+  """``perm`` as a tuple of ``(src, dst)`` int pairs, validated as ``lax.ppermute`` does.
+
+  Args:
+    perm: pairs ``(src, dst)``; ranks in ``[0, p)``, each at most once as a
+      source and once as a destination (``(r, r)`` is allowed).
+    p: the number of ranks.
+    api: the name the error messages start with.
+
+  Raises:
+    ValueError: naming ``api``, the bad rank or the bad pairs.
+  """
+  try:
+    pairs = tuple((int(s), int(d)) for s, d in perm)
+  except (TypeError, ValueError):
+    raise ValueError(f"{api}: perm must be a sequence of (src, dst) pairs, "
+                     f"got {perm!r}") from None
+  srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
+  for r in srcs + dsts:
+    if not 0 <= r < p:
+      raise ValueError(f"{api}: rank {r} in perm is outside the axis of size {p}")
+  if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
+    raise ValueError(f"{api}: perm {pairs} names a rank twice as source or as destination")
+  return pairs
+
+
+def describe(schedule: Schedule) -> str:
+  """The schedule as error messages name it."""
+  return (f"{schedule.algorithm} {schedule.collective} schedule (nranks={schedule.nranks}, "
+          f"length={schedule.length})")
+
+
+def transfer_error(api: str, schedule: Schedule, row, rank, what: str) -> ScheduleError:
+  """A ScheduleError naming ``api``, the schedule, the step and transfer ``row``, and ``rank``."""
+  step, src, dst, src_start, dst_start, n, op = (int(v) for v in schedule.table[row])
+  transfer = (f"transfer #{int(row)} ({src}->{dst} {OP_NAMES.get(op, op)} "
+              f"{_range(src_start, n)} -> {_range(dst_start, n)})")
+  return ScheduleError(f"{api}: {describe(schedule)}: step {step}, {transfer}: "
+                       f"rank {int(rank)}: {what}")
+
+
+def _check_rules(schedule: Schedule, api: str) -> None:
+  """The structural rules of the module docstring, vectorised over the table."""
+  p, length, coll = schedule.nranks, schedule.length, schedule.collective
+  name = f"{api}: {describe(schedule)}"
+  if p < 1 or length < 0:
+    raise ScheduleError(f"{name}: nranks must be >= 1 and length >= 0")
+  if coll in ("reduce_scatter", "all_gather") and length % p:
+    raise ScheduleError(f"{name}: {coll} needs length divisible by nranks (equal shards), "
+                        f"got length {length}")
+  if coll == "broadcast" and not 0 <= schedule.root < p:
+    raise ScheduleError(f"{name}: root {schedule.root} outside [0, {p})")
+  if coll == "ppermute":
+    _check_perm_rules(schedule, name)
+  elif schedule.perm:
+    raise ScheduleError(f"{name}: perm is for ppermute only")
+  table = schedule.table
+  if not len(table):
+    return
+  step, src, dst, src_start, dst_start, n, op = table.T
+  rules = (
+      ((step < 0) | (step >= schedule.num_steps), src, f"step outside [0, {schedule.num_steps})"),
+      ((op != COPY) & (op != REDUCE), src, "op is neither copy (0) nor reduce (1)"),
+      ((src < 0) | (src >= p), src, f"src rank outside [0, {p})"),
+      ((dst < 0) | (dst >= p), dst, f"dst rank outside [0, {p})"),
+      (src == dst, src, "sends to itself"),
+      (n <= 0, src, "length must be > 0"),
+      ((src_start < 0) | (src_start + n > length), src, f"src range outside [0, {length})"),
+      ((dst_start < 0) | (dst_start + n > length), dst, f"dst range outside [0, {length})"),
+      ((op == REDUCE) & (coll in ("all_gather", "broadcast", "ppermute")), dst,
+       f"reduce is not allowed in {coll}"),
+  )
+  for bad, rank, what in rules:
+    if bad.any():
+      row = int(np.argmax(bad))
+      raise transfer_error(api, schedule, row, rank[row], what)
+
+  pair = (step * p + src) * p + dst
+  order = np.argsort(pair, kind="stable")
+  same = np.flatnonzero(pair[order][1:] == pair[order][:-1])
+  if len(same):
+    a, b = order[same[0]], order[same[0] + 1]
+    raise transfer_error(api, schedule, b, src[b], f"second transfer to rank {dst[b]} in this "
+                         f"step (first: transfer #{a})")
+
+  # Reduce groups (step, dst): one shared dst range; the first row stands for the group.
+  group = step * p + dst
+  red = np.flatnonzero(op == REDUCE)
+  red = red[np.argsort(group[red], kind="stable")]
+  first = starts(group[red])
+  head = red[np.maximum.accumulate(np.where(first, np.arange(len(red)), 0))]
+  bad = (dst_start[red] != dst_start[head]) | (n[red] != n[head])
+  if bad.any():
+    row, other = red[np.argmax(bad)], head[np.argmax(bad)]
+    raise transfer_error(api, schedule, row, dst[row], f"reduces into "
+                         f"{_range(dst_start[row], n[row])} but transfer #{other} reduces into "
+                         f"{_range(dst_start[other], n[other])} in the same step")
+
+  # Written ranges per (step, dst): pairwise disjoint.
+  writes = np.concatenate([np.flatnonzero(op == COPY), red[first]])
+  writes = writes[np.lexsort((dst_start[writes], group[writes]))]
+  w_group, w_start = group[writes], dst_start[writes]
+  w_end = w_start + n[writes]
+  bad = (w_group[1:] == w_group[:-1]) & (w_start[1:] < w_end[:-1])
+  if bad.any():
+    i = int(np.argmax(bad))
+    a, b = writes[i], writes[i + 1]
+    raise transfer_error(api, schedule, b, dst[b], f"writes {_range(dst_start[b], n[b])}, "
+                         f"overlapping {_range(dst_start[a], n[a])} written by transfer #{a} in "
+                         f"the same step")
+
+  # Written ranges disjoint from the ranges the rank sends in that step. Writes are sorted
+  # and disjoint per group, so their ends ascend: only the last write starting before the
+  # end of a sent range can overlap it.
+  groups = unique(np.r_[w_group, step * p + src])
+  w_id, s_id = np.searchsorted(groups, w_group), np.searchsorted(groups, step * p + src)
+  pos = np.searchsorted(w_id * (length + 1) + w_start,
+                        s_id * (length + 1) + src_start + n) - 1
+  hit = pos >= 0
+  hit[hit] = (w_id[pos[hit]] == s_id[hit]) & (w_end[pos[hit]] > src_start[hit])
+  if hit.any():
+    row = int(np.argmax(hit))
+    other = writes[pos[row]]
+    raise transfer_error(api, schedule, row, src[row], f"sends {_range(src_start[row], n[row])} "
+                         f"while transfer #{other} writes {_range(dst_start[other], n[other])} "
+                         f"into it in the same step")
+
+
+def _check_perm_rules(schedule: Schedule, name: str) -> None:
+  """A ppermute's buffer halves and perm: valid pairs, none a rank's own destination."""
+  if schedule.length % 2:
+    raise ScheduleError(f"{name}: ppermute needs an even length (the input half and the output "
+                        f"half), got length {schedule.length}")
+  try:
+    check_perm(schedule.perm, schedule.nranks, name)
+  except ValueError as e:
+    raise ScheduleError(str(e)) from None
+  for src, dst in schedule.perm:
+    if src == dst:
+      raise ScheduleError(f"{name}: perm pair ({src}, {dst}) sends rank {src} to itself; "
+                          f"leave it out (the caller keeps the input)")
+
+
+def _range(start, n) -> str:
+  return f"[{start}, {start + n})"

@@ -14,35 +14,9 @@ from __future__ import annotations
 from jaxcc.schedules.ir import COPY, Schedule, TableBuilder, split
 
 
-def check_perm(perm, p: int, api: str) -> tuple[tuple[int, int], ...]:
-  """``perm`` as a tuple of ``(src, dst)`` int pairs, validated as ``lax.ppermute`` does.
-
-  Args:
-    perm: pairs ``(src, dst)``; ranks in ``[0, p)``, each at most once as a
-      source and once as a destination (``(r, r)`` is allowed).
-    p: the number of ranks.
-    api: the name the error messages start with.
-
-  Raises:
-    ValueError: naming ``api``, the bad rank or the bad pairs.
-  """
-  try:
-    pairs = tuple((int(s), int(d)) for s, d in perm)
-  except (TypeError, ValueError):
-    raise ValueError(f"{api}: perm must be a sequence of (src, dst) pairs, "
-                     f"got {perm!r}") from None
-  srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
-  for r in srcs + dsts:
-    if not 0 <= r < p:
-      raise ValueError(f"{api}: rank {r} in perm is outside the axis of size {p}")
-  if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
-    raise ValueError(f"{api}: perm {pairs} names a rank twice as source or as destination")
-  return pairs
-
-
 def permute(perm: tuple[tuple[int, int], ...], length: int, p: int, itemsize: int,
             chunks: int) -> Schedule:
-  """The ppermute of ``length`` elements per rank along ``perm`` (checked by ``check_perm``).
+  """The ppermute of ``length`` elements per rank along ``perm`` (checked by ``ir.check_perm``).
 
   A pair ``(r, r)`` moves nothing and is left out of the schedule and its
   ``perm``: the caller keeps r's input. Bytes sent per rank: ``N`` (the

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcc.schedules.ir import COLLECTIVES
-from jaxcc.schedules.permute import check_perm
+from jaxcc.schedules.ir import COLLECTIVES, check_perm
 from jaxcc.topology import Topology
+
+API = "jaxcc.sim.lower_bound"
 
 
 def lower_bound(collective: str, nbytes: float, topology: Topology, *, root: int = 0,
@@ -59,17 +60,17 @@ def lower_bound(collective: str, nbytes: float, topology: Topology, *, root: int
     that moves nothing.
   """
   if collective not in COLLECTIVES:
-    raise ValueError(f"lower_bound: collective must be one of {COLLECTIVES}, got {collective!r}")
+    raise ValueError(f"{API}: collective must be one of {COLLECTIVES}, got {collective!r}")
   if (isinstance(nbytes, bool) or not isinstance(nbytes, (int, float, np.number))
       or not 0 <= nbytes < float("inf")):
-    raise ValueError(f"lower_bound: nbytes must be a finite number >= 0, got {nbytes!r}")
+    raise ValueError(f"{API}: nbytes must be a finite number >= 0, got {nbytes!r}")
   p = topology.size
   if not isinstance(root, (int, np.integer)) or not 0 <= root < p:
-    raise ValueError(f"lower_bound: root must be a rank in [0, {p}), got {root!r}")
+    raise ValueError(f"{API}: root must be a rank in [0, {p}), got {root!r}")
   if collective == "ppermute":
-    perm = check_perm(perm, p, "lower_bound")
+    perm = check_perm(perm, p, API)
   elif perm is not None:
-    raise ValueError(f"lower_bound: perm is for ppermute only, not {collective!r}")
+    raise ValueError(f"{API}: perm is for ppermute only, not {collective!r}")
   if p == 1 or nbytes == 0:
     return 0.0
   n = float(nbytes)

@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcc.schedules import ir
-from jaxcc.schedules.ir import COPY, REDUCE, Schedule
-from jaxcc.schedules.permute import check_perm
+from jaxcc.schedules.ir import REDUCE, Schedule, ScheduleError, describe, transfer_error
+from jaxcc.schedules.tables import rank_in_group, ranges, starts, unique
 
-
-class ScheduleError(ValueError):
-  """A schedule breaks a rule of the IR or does not compute its collective."""
+API = "jaxcc.sim.check"
 
 
 def check(schedule: Schedule) -> None:
@@ -48,9 +45,12 @@ def check(schedule: Schedule) -> None:
     schedule: the schedule to prove.
 
   Raises:
-    ScheduleError: naming the step, the transfer and the rank of the first problem.
+    ScheduleError: naming the step, the transfer and the rank of the first problem
+      (a broken rule of the IR, ``Schedule.validate``, first).
   """
-  validate(schedule)
+  schedule.validate(API)
+  if not schedule.length:  # an empty buffer: no transfers, nothing to prove
+    return
   p, coll = schedule.nranks, schedule.collective
   cuts = _cuts(schedule)
   nseg = len(cuts) - 1
@@ -84,8 +84,10 @@ def check(schedule: Schedule) -> None:
       what = f"holds {_ranks(bits[r, g])} instead of {_ranks(want[r, g])}"
     element = f"element {cuts[g]} {what} at the end"
     if writer[r, g] < 0:
-      raise ScheduleError(f"{_name(schedule)}: rank {r}: {element}; no transfer writes it")
-    _fail(schedule, writer[r, g], r, f"{element} (last written by this transfer)")
+      raise ScheduleError(f"{API}: {describe(schedule)}: rank {r}: {element}; "
+                          f"no transfer writes it")
+    raise transfer_error(API, schedule, writer[r, g], r, f"{element} (last written by this "
+                         f"transfer)")
 
 
 def _states(schedule: Schedule, cuts):
@@ -123,23 +125,23 @@ def _execute(schedule: Schedule, cuts, bits, defined, origin) -> np.ndarray:
 
   Per step the copies go first, then the k-th reduce into each rank for k = 0, 1, ...,
   each batch as one numpy operation. Within a step the ranges a rank sends are
-  disjoint from those it receives (validated), so every batch reads the pre-step state.
+  disjoint from those it receives (``Schedule.validate``), so every batch reads the pre-step state.
   """
   p, nseg = schedule.nranks, len(cuts) - 1
   writer = np.full(len(defined), -1, np.int64)
   step, src, dst, src_start, dst_start, n, op = schedule.table.T
   if not len(step):
     return writer
-  kind = np.where(op == REDUCE, 1 + _rank_in_group(step * p + dst, op == REDUCE), 0)
+  kind = np.where(op == REDUCE, 1 + rank_in_group(step * p + dst, op == REDUCE), 0)
   order = np.argsort(step * p + kind, kind="stable")
   s0 = np.searchsorted(cuts, src_start[order])
   cnt = np.searchsorted(cuts, (src_start + n)[order]) - s0
-  src_el = _ranges(src[order] * nseg + s0, cnt)
-  dst_el = _ranges(dst[order] * nseg + np.searchsorted(cuts, dst_start[order]), cnt)
+  src_el = ranges(src[order] * nseg + s0, cnt)
+  dst_el = ranges(dst[order] * nseg + np.searchsorted(cuts, dst_start[order]), cnt)
   el_row = np.repeat(order, cnt)
-  starts = np.flatnonzero(_starts((step * p + kind)[order]))
-  bounds = np.r_[np.cumsum(np.r_[0, cnt])[starts], len(src_el)]
-  for lo, hi, reduce in zip(bounds[:-1], bounds[1:], kind[order[starts]] > 0):
+  heads = np.flatnonzero(starts((step * p + kind)[order]))
+  bounds = np.r_[np.cumsum(np.r_[0, cnt])[heads], len(src_el)]
+  for lo, hi, reduce in zip(bounds[:-1], bounds[1:], kind[order[heads]] > 0):
     si, di = src_el[lo:hi], dst_el[lo:hi]
     values = bits[si]
     if reduce:  # Only in all_reduce and reduce_scatter, where all is defined.
@@ -151,7 +153,7 @@ def _execute(schedule: Schedule, cuts, bits, defined, origin) -> np.ndarray:
         row, element = el_row[lo + i], cuts[di[i] % nseg]
         what = (f"would add element {origin[si[i]]} of another position" if misplaced[i] else
                 f"would count {_ranks(values[i] & current[i])} twice")
-        _fail(schedule, row, dst[row], f"element {element} {what}")
+        raise transfer_error(API, schedule, row, dst[row], f"element {element} {what}")
       bits[di] = values | current
     else:
       bits[di] = values
@@ -159,109 +161,6 @@ def _execute(schedule: Schedule, cuts, bits, defined, origin) -> np.ndarray:
       origin[di] = origin[si]
     writer[di] = el_row[lo:hi]
   return writer
-
-
-def validate(schedule: Schedule) -> np.ndarray:
-  """Checks the structural rules of the IR; returns ``schedule.table``.
-
-  Raises:
-    ScheduleError: naming the step, the transfer and the rank that break a rule.
-  """
-  p, length, coll = schedule.nranks, schedule.length, schedule.collective
-  if p < 1 or length < 1:
-    raise ScheduleError(f"{_name(schedule)}: nranks and length must be >= 1")
-  if coll in ("reduce_scatter", "all_gather") and length % p:
-    raise ScheduleError(f"{_name(schedule)}: {coll} needs length divisible by nranks "
-                        f"(equal shards), got length {length}")
-  if coll == "broadcast" and not 0 <= schedule.root < p:
-    raise ScheduleError(f"{_name(schedule)}: root {schedule.root} outside [0, {p})")
-  if coll == "ppermute":
-    _validate_perm(schedule)
-  elif schedule.perm:
-    raise ScheduleError(f"{_name(schedule)}: perm is for ppermute only")
-  table = schedule.table
-  if not len(table):
-    return table
-  step, src, dst, src_start, dst_start, n, op = table.T
-  rules = (
-      ((step < 0) | (step >= schedule.num_steps), src, f"step outside [0, {schedule.num_steps})"),
-      ((op != COPY) & (op != REDUCE), src, "op is neither copy (0) nor reduce (1)"),
-      ((src < 0) | (src >= p), src, f"src rank outside [0, {p})"),
-      ((dst < 0) | (dst >= p), dst, f"dst rank outside [0, {p})"),
-      (src == dst, src, "sends to itself"),
-      (n <= 0, src, "length must be > 0"),
-      ((src_start < 0) | (src_start + n > length), src, f"src range outside [0, {length})"),
-      ((dst_start < 0) | (dst_start + n > length), dst, f"dst range outside [0, {length})"),
-      ((op == REDUCE) & (coll in ("all_gather", "broadcast", "ppermute")), dst,
-       f"reduce is not allowed in {coll}"),
-  )
-  for bad, rank, what in rules:
-    if bad.any():
-      row = int(np.argmax(bad))
-      _fail(schedule, row, rank[row], what)
-
-  pair = (step * p + src) * p + dst
-  order = np.argsort(pair, kind="stable")
-  same = np.flatnonzero(pair[order][1:] == pair[order][:-1])
-  if len(same):
-    a, b = order[same[0]], order[same[0] + 1]
-    _fail(schedule, b, src[b], f"second transfer to rank {dst[b]} in this step "
-          f"(first: transfer #{a})")
-
-  # Reduce groups (step, dst): one shared dst range; the first row stands for the group.
-  group = step * p + dst
-  red = np.flatnonzero(op == REDUCE)
-  red = red[np.argsort(group[red], kind="stable")]
-  first = _starts(group[red])
-  head = red[np.maximum.accumulate(np.where(first, np.arange(len(red)), 0))]
-  bad = (dst_start[red] != dst_start[head]) | (n[red] != n[head])
-  if bad.any():
-    row, other = red[np.argmax(bad)], head[np.argmax(bad)]
-    _fail(schedule, row, dst[row], f"reduces into {_range(dst_start[row], n[row])} but "
-          f"transfer #{other} reduces into {_range(dst_start[other], n[other])} in the same step")
-
-  # Written ranges per (step, dst): pairwise disjoint.
-  writes = np.concatenate([np.flatnonzero(op == COPY), red[first]])
-  writes = writes[np.lexsort((dst_start[writes], group[writes]))]
-  w_group, w_start = group[writes], dst_start[writes]
-  w_end = w_start + n[writes]
-  bad = (w_group[1:] == w_group[:-1]) & (w_start[1:] < w_end[:-1])
-  if bad.any():
-    i = int(np.argmax(bad))
-    a, b = writes[i], writes[i + 1]
-    _fail(schedule, b, dst[b], f"writes {_range(dst_start[b], n[b])}, overlapping "
-          f"{_range(dst_start[a], n[a])} written by transfer #{a} in the same step")
-
-  # Written ranges disjoint from the ranges the rank sends in that step. Writes are sorted
-  # and disjoint per group, so their ends ascend: only the last write starting before the
-  # end of a sent range can overlap it.
-  groups = _unique(np.r_[w_group, step * p + src])
-  w_id, s_id = np.searchsorted(groups, w_group), np.searchsorted(groups, step * p + src)
-  pos = np.searchsorted(w_id * (length + 1) + w_start,
-                        s_id * (length + 1) + src_start + n) - 1
-  hit = pos >= 0
-  hit[hit] = (w_id[pos[hit]] == s_id[hit]) & (w_end[pos[hit]] > src_start[hit])
-  if hit.any():
-    row = int(np.argmax(hit))
-    other = writes[pos[row]]
-    _fail(schedule, row, src[row], f"sends {_range(src_start[row], n[row])} while transfer "
-          f"#{other} writes {_range(dst_start[other], n[other])} into it in the same step")
-  return table
-
-
-def _validate_perm(schedule: Schedule) -> None:
-  """A ppermute's buffer halves and perm: valid pairs, none a rank's own destination."""
-  if schedule.length % 2:
-    raise ScheduleError(f"{_name(schedule)}: ppermute needs an even length (the input half and "
-                        f"the output half), got length {schedule.length}")
-  try:
-    check_perm(schedule.perm, schedule.nranks, _name(schedule))
-  except ValueError as e:
-    raise ScheduleError(str(e)) from None
-  for src, dst in schedule.perm:
-    if src == dst:
-      raise ScheduleError(f"{_name(schedule)}: perm pair ({src}, {dst}) sends rank {src} to "
-                          f"itself; leave it out (the caller keeps the input)")
 
 
 def _cuts(schedule: Schedule) -> np.ndarray:
@@ -273,12 +172,12 @@ def _cuts(schedule: Schedule) -> np.ndarray:
     bounds.append(np.arange(p + 1) * (length // p))
   if schedule.collective == "ppermute":
     bounds.append([length // 2])
-  cuts = _unique(np.concatenate(bounds))
+  cuts = unique(np.concatenate(bounds))
   moved = src_start != dst_start
   a, b, m = src_start[moved], dst_start[moved], n[moved]
   while len(a):
     inner = [_inner(cuts, a, m, b - a), _inner(cuts, b, m, a - b)]
-    grown = _unique(np.concatenate([cuts] + inner))
+    grown = unique(np.concatenate([cuts] + inner))
     if len(grown) == len(cuts):
       break
     cuts = grown
@@ -289,34 +188,7 @@ def _inner(cuts, start, n, shift):
   """The cuts strictly inside each range ``[start, start + n)``, moved by ``shift``."""
   lo = np.searchsorted(cuts, start, side="right")
   count = np.searchsorted(cuts, start + n, side="left") - lo
-  return cuts[_ranges(lo, count)] + np.repeat(shift, count)
-
-
-def _ranges(starts, counts) -> np.ndarray:
-  """The concatenation of ``arange(s, s + c)`` over the pairs."""
-  offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
-  return offsets + np.arange(offsets.size)
-
-
-def _rank_in_group(keys, mask) -> np.ndarray:
-  """For the rows in ``mask``: their index among the rows with the same key (row order)."""
-  out = np.zeros(len(keys), np.int64)
-  rows = np.flatnonzero(mask)
-  rows = rows[np.argsort(keys[rows], kind="stable")]
-  pos = np.arange(len(rows))
-  out[rows] = pos - np.maximum.accumulate(np.where(_starts(keys[rows]), pos, 0))
-  return out
-
-
-def _unique(x) -> np.ndarray:
-  """``np.unique(x)`` by sorting (numpy's hash-based unique is slower on large int arrays)."""
-  x = np.sort(x)
-  return x[_starts(x)]
-
-
-def _starts(sorted_keys) -> np.ndarray:
-  """Where a new key begins in a sorted key array (a bool mask)."""
-  return np.r_[True, sorted_keys[1:] != sorted_keys[:-1]][:len(sorted_keys)]
+  return cuts[ranges(lo, count)] + np.repeat(shift, count)
 
 
 def _ranks(words) -> str:
@@ -325,19 +197,3 @@ def _ranks(words) -> str:
            if word >> b & 1]
   text = ", ".join(map(str, ranks[:16])) + (", ..." if len(ranks) > 16 else "")
   return f"rank{'s' * (len(ranks) != 1)} {{{text}}}"
-
-
-def _range(start, n) -> str:
-  return f"[{start}, {start + n})"
-
-
-def _name(schedule: Schedule) -> str:
-  return (f"{schedule.algorithm} {schedule.collective} schedule (nranks={schedule.nranks}, "
-          f"length={schedule.length})")
-
-
-def _fail(schedule: Schedule, row, rank, what: str):
-  step, src, dst, src_start, dst_start, n, op = (int(v) for v in schedule.table[row])
-  transfer = (f"transfer #{int(row)} ({src}->{dst} {ir.OP_NAMES.get(op, op)} "
-              f"{_range(src_start, n)} -> {_range(dst_start, n)})")
-  raise ScheduleError(f"{_name(schedule)}: step {step}, {transfer}: rank {int(rank)}: {what}")

@@ -34,8 +34,10 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxcc.schedules.ir import REDUCE, Schedule
-from jaxcc.sim.check import _starts, _unique, validate
+from jaxcc.schedules.tables import starts, unique
 from jaxcc.topology import Topology
+
+API = "jaxcc.sim.simulate"
 
 
 class SimResult(NamedTuple):
@@ -64,7 +66,8 @@ def simulate(schedule: Schedule, topology: Topology, *,
   """Times ``schedule`` on ``topology`` with per-rank send and receive queues.
 
   Args:
-    schedule: a structurally valid schedule (``check`` proves it correct).
+    schedule: the schedule (``Schedule.validate`` checks its structure, ``check`` proves it
+      correct).
     topology: one entry per rank of the schedule.
     port_blocking_latency: hold the receive port through the message latency
       (a per-message overhead) instead of treating latency as pure delay.
@@ -74,8 +77,8 @@ def simulate(schedule: Schedule, topology: Topology, *,
   """
   p = schedule.nranks
   if topology.size != p:
-    raise ValueError(f"simulate: topology has {topology.size} ranks but the schedule has {p}")
-  table = validate(schedule)
+    raise ValueError(f"{API}: topology has {topology.size} ranks but the schedule has {p}")
+  table = schedule.validate(API).table
   _, src, dst, _, _, n, _ = table.T
   size = n * float(schedule.itemsize)
   latency = np.asarray(topology.latency)
@@ -119,7 +122,7 @@ def _dependencies(schedule: Schedule):
   # Units in (step, dst, row) order: a REDUCE group is one unit, each COPY one.
   key = (step * p + dst) * (num + 1) + np.where(op == REDUCE, 0, rows + 1)
   order = np.argsort(key)
-  first = _starts(key[order])
+  first = starts(key[order])
   head = order[first]
   units = len(head)
   unit_of = np.empty(num, np.int64)
@@ -132,7 +135,7 @@ def _dependencies(schedule: Schedule):
   write = np.r_[np.zeros(num, bool), np.ones(units, bool)]
   ident = np.r_[rows, np.arange(units)]
   base = rank * (length + 1)
-  cuts = _unique(np.r_[base + start, base + end])
+  cuts = unique(np.r_[base + start, base + end])
   first = np.searchsorted(cuts, base + start)
   count = np.searchsorted(cuts, base + end) - first
   seg = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
@@ -166,7 +169,7 @@ def _dependencies(schedule: Schedule):
 
 def _pairs(frm, to, count):
   """The distinct pairs, sorted by ``frm``."""
-  key = _unique(frm * count + to)
+  key = unique(frm * count + to)
   return key // count, key % count
 
 
@@ -259,5 +262,5 @@ def _run(src, dst, tx, rx, delay, unit_of, need, raw_need, raw_out, waw_out, war
       if not events or events[0][0] > now:
         break
   if pending:
-    raise RuntimeError(f"simulate: {pending} writes never applied (a dependency cycle)")
+    raise RuntimeError(f"{API}: {pending} writes never applied (a dependency cycle)")
   return last

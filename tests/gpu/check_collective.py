@@ -10,8 +10,8 @@ process or several. So with one GPU this checks:
 2. the handler itself, called with p = 1 (an empty schedule): the bootstrap
    makes a 1-rank communicator, XLA decodes the binding (stream, scratch,
    device ordinal, every attribute), the handler finds the communicator and
-   copies x to y and the order token; a wrong comm_key or nranks is a clear
-   error, not a crash;
+   copies x to y and the order token; a wrong comm_key, nranks or table
+   header is a clear error, not a crash;
 3. every collective with executor="native" on a 1-device mesh against lax,
    and a jitted program that runs two of them in a row;
 4. with two or more GPUs, the real multi-rank path: each collective, several
@@ -37,6 +37,8 @@ from jaxcc._src import ffi as jffi
 from jaxcc._src import nccl_bootstrap
 
 failures = []
+# The serialized table of a 1-rank schedule: the header and no rows.
+EMPTY_TABLE = jaxcc.plan("all_reduce", 4, jaxcc.Topology.uniform(1, 1.0), "ring").serialized
 
 
 def check(name, fn):
@@ -55,7 +57,7 @@ def transport_available():
   assert reason is None, reason
 
 
-def call(x, key, nranks=1, table=np.zeros((0,), np.int64)):
+def call(x, key, nranks=1, table=EMPTY_TABLE):
   fn = jax.ffi.ffi_call(
       "jaxcc_collective",
       (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((), jnp.int32)),
@@ -75,7 +77,9 @@ def handler_one_rank():
   assert np.array_equal(np.asarray(y), np.asarray(x)), "y != x"
   assert int(order) == 41, f"order token {int(order)}"
   for bad, what in ((lambda v: call(v, key + 1), "no NCCL communicator"),
-                    (lambda v: call(v, key, nranks=2), "ranks")):
+                    (lambda v: call(v, key, nranks=2), "ranks"),
+                    (lambda v: call(v, key, table=np.zeros((0,), np.int64)),
+                     "schedule table magic/version mismatch: rebuild jaxcc")):
     try:
       jax.block_until_ready(jax.jit(bad)(x))
     except Exception as e:  # pylint: disable=broad-except

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jaxcc.schedules import plan
+from jaxcc import plan
 from jaxcc.schedules.ir import COPY, REDUCE, Schedule
 from jaxcc.sim import ScheduleError, check
 from jaxcc.topology import Topology
@@ -41,7 +41,8 @@ def test_more_than_64_and_128_ranks():
 def test_empty_schedules():
   check(build("all_reduce", 1, 5, []))
   check(build("all_gather", 1, 5, []))
-  with pytest.raises(ScheduleError, match=r"rank 0: element 0 misses the contributions of "
+  with pytest.raises(ScheduleError, match=r"^jaxcc.sim.check: hand all_reduce schedule "
+                     r"\(nranks=2, length=3\): rank 0: element 0 misses the contributions of "
                      r"rank \{1\} at the end; no transfer writes it"):
     check(build("all_reduce", 2, 3, []))
 
@@ -144,7 +145,7 @@ def test_two_transfers_between_one_pair_in_one_step():
 
 
 def test_bad_schedule_attributes():
-  with pytest.raises(ScheduleError, match="needs length divisible by nranks"):
+  with pytest.raises(ScheduleError, match="^jaxcc.sim.check: .* needs length divisible by nranks"):
     check(build("reduce_scatter", 3, 4, []))
   with pytest.raises(ScheduleError, match=r"root 3 outside \[0, 3\)"):
     check(build("broadcast", 3, 4, [], root=3))

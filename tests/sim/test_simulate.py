@@ -5,9 +5,9 @@ import importlib
 import numpy as np
 import pytest
 
-from jaxcc.schedules import ALGORITHMS, plan
+from jaxcc.planner import ALGORITHMS, plan
 from jaxcc.schedules.ir import COPY, REDUCE
-from jaxcc.sim import SimResult, simulate
+from jaxcc.sim import ScheduleError, SimResult, simulate
 from jaxcc.sim.bounds import fault_free_ring_time, lower_bound
 from jaxcc.topology import Topology
 
@@ -44,8 +44,15 @@ def test_empty_schedule():
 
 
 def test_topology_size_must_match():
-  with pytest.raises(ValueError, match="topology has 2 ranks but the schedule has 3"):
+  with pytest.raises(ValueError,
+                     match="^jaxcc.sim.simulate: topology has 2 ranks but the schedule has 3"):
     simulate(build("all_reduce", 3, 4, []), Topology.uniform(2, 1.0))
+
+
+def test_broken_schedules_are_rejected_naming_simulate():
+  with pytest.raises(ScheduleError, match=r"^jaxcc.sim.simulate: hand broadcast schedule "
+                     r"\(nranks=2, length=4\): step 0, transfer #0 .*: rank 0: sends to itself"):
+    simulate(build("broadcast", 2, 4, [(0, 0, 0, 0, 0, 4, COPY)]), Topology.uniform(2, 1.0))
 
 
 def test_latency_blocks_the_receive_port_only_when_asked():

@@ -2,7 +2,10 @@
 // cut into what one rank does in each step. Platform neutral (CPU and CUDA
 // builds share it).
 //
-// Table rows: step, src, dst, src_start, dst_start, length, op (elements).
+// The table (Schedule.serialized): a header of kTableMagic, kTableVersion, the
+// column count and the row count, then the rows: step, src, dst, src_start,
+// dst_start, length, op (elements). A change of the layout bumps kTableVersion
+// here and TABLE_VERSION in ir.py.
 // Per step a rank sends pieces of its buffer, copies received pieces into
 // place, and sums every REDUCE piece into one range together with its own
 // values, in the canonical order: ascending (rank - src) mod p.
@@ -19,6 +22,9 @@ namespace jaxcc {
 
 enum Column : int64_t { kStep, kSrc, kDst, kSrcStart, kDstStart, kLength, kOp, kColumns };
 enum Op : int64_t { kCopy = 0, kReduce = 1 };
+constexpr int64_t kTableMagic = 0x6A61786363534348;  // "jaxccSCH"
+constexpr int64_t kTableVersion = 1;
+constexpr size_t kHeaderLen = 4;
 
 // One piece moved in a step; `peer` is the destination of a send and the
 // source of a receive. Offsets and length are in elements.
@@ -36,18 +42,30 @@ struct RankStep {
 };
 
 // What `rank` does in every step of a schedule of `num_steps` steps over
-// buffers of `length` elements. Returns an error message, empty on success.
+// buffers of `length` elements; `table` is the serialized table of `values`
+// int64s, header included. Returns an error message, empty on success.
 inline std::string PlanRank(const int64_t* table, size_t values, int64_t num_steps, int p,
                             int rank, int64_t length, std::vector<RankStep>* plan) {
-  if (values % kColumns != 0) {
-    return "schedule table has " + std::to_string(values) + " values, not a multiple of " +
-           std::to_string(static_cast<int>(kColumns));
+  if (values < kHeaderLen || table[0] != kTableMagic || table[1] != kTableVersion) {
+    const std::string found = values < kHeaderLen || table[0] != kTableMagic
+                                  ? "no jaxcc table header"
+                                  : "version " + std::to_string(table[1]);
+    return "schedule table magic/version mismatch: rebuild jaxcc (found " + found +
+           ", this build reads version " + std::to_string(kTableVersion) + ")";
   }
+  const int64_t columns = table[2], rows_in_header = table[3];
+  if (columns != kColumns || rows_in_header < 0 ||
+      values - kHeaderLen != static_cast<size_t>(rows_in_header) * kColumns) {
+    return "schedule table header says " + std::to_string(rows_in_header) + " rows of " +
+           std::to_string(columns) + " columns, but the table has " +
+           std::to_string(values - kHeaderLen) + " values after it";
+  }
+  table += kHeaderLen;
   if (rank < 0 || rank >= p) {
     return "rank " + std::to_string(rank) + " outside [0, " + std::to_string(p) + ")";
   }
   plan->assign(static_cast<size_t>(std::max<int64_t>(num_steps, 0)), RankStep{});
-  const size_t rows = values / kColumns;
+  const size_t rows = static_cast<size_t>(rows_in_header);
   for (size_t i = 0; i < rows; ++i) {
     const int64_t* r = table + i * kColumns;
     const std::string where = "schedule row " + std::to_string(i) + ": ";

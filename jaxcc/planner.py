@@ -1,0 +1,183 @@
+"""The planner: from (collective, size, topology, algorithm) to the Schedule executors run.
+
+It sits above the algorithms and the IR (``jaxcc.schedules``) and the
+simulator (``jaxcc.sim``): ``algorithm="auto"`` is the candidate of
+``AUTO_CANDIDATES`` with the smallest simulated time. ``schedule`` is the one
+way to get a schedule; ``plan`` is it in bytes (the public ``jaxcc.plan``).
+Every error names ``api``, the public function the user called.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from jaxcc import sim
+from jaxcc.schedules.depth import choose_chunks
+from jaxcc.schedules.direct import direct, direct_broadcast
+from jaxcc.schedules.ir import Schedule, check_perm
+from jaxcc.schedules.optcc import optcc
+from jaxcc.schedules.permute import permute
+from jaxcc.schedules.r2ccl import r2ccl
+from jaxcc.schedules.ring import chain_broadcast, ring
+from jaxcc.topology import Topology
+
+ALGORITHMS = {
+    "all_reduce": ("ring", "direct", "optcc", "r2ccl"),
+    "reduce_scatter": ("ring", "direct"),
+    "all_gather": ("ring", "direct"),
+    "broadcast": ("ring", "direct"),
+    "ppermute": ("direct",),
+}
+# What "auto" chooses among: every algorithm but the baselines kept for comparison.
+AUTO_CANDIDATES = {
+    "all_reduce": ("ring", "direct", "optcc"),
+    "reduce_scatter": ("ring", "direct"),
+    "all_gather": ("ring", "direct"),
+    "broadcast": ("ring", "direct"),
+    "ppermute": ("direct",),
+}
+
+
+def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "auto", *,
+         itemsize: int = 4, root: int = 0, chunks: int | None = None, perm=None,
+         api: str = "jaxcc.plan") -> Schedule:
+  """The schedule of ``collective`` on ``nbytes`` per rank over ``topology``.
+
+  Args:
+    collective: "all_reduce", "reduce_scatter", "all_gather", "broadcast" or
+      "ppermute".
+    nbytes: bytes of each rank's buffer (the full, unscattered buffer); for a
+      ppermute, of the array each source sends (the schedule's buffer holds
+      it and the one received: ``2 nbytes``).
+    topology: the ranks and their bandwidths.
+    algorithm: one of ``ALGORITHMS[collective]``, or "auto" for the candidate
+      with the smallest simulated time.
+    itemsize: bytes per element; ``nbytes`` must be a multiple of it.
+    root: the source rank of a broadcast.
+    chunks: pipeline depth; by default from the cost model (``choose_chunks``).
+    perm: the ``(src, dst)`` pairs of a ppermute (required for it).
+    api: the public function the error messages name.
+
+  Returns:
+    The Schedule (cached: equal arguments give the same object).
+  """
+  _check_itemsize(itemsize, api)
+  if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0 or nbytes % itemsize:
+    raise ValueError(
+        f"{api}: nbytes must be a non-negative multiple of itemsize={itemsize}, got {nbytes!r}")
+  return schedule(collective, nbytes // itemsize, itemsize, topology, algorithm, root=root,
+                  chunks=chunks, perm=perm, api=api)
+
+
+def schedule(collective: str, length: int, itemsize: int, topology: Topology, algorithm: str,
+             *, root: int = 0, chunks: int | None = None, perm=None,
+             api: str = "jaxcc.plan") -> Schedule:
+  """``plan`` in elements: the validated schedule for ``length`` elements per rank, cached.
+
+  ``chunks=None`` is the depth ``choose_chunks`` picks (the pipelined
+  schedule), ``chunks=1`` one chunk. "auto" is resolved at the depth asked
+  for (``auto_algorithm``).
+  """
+  root, chunks, perm = _arguments(collective, length, itemsize, topology, algorithm, root,
+                                  chunks, perm, api)
+  if algorithm == "auto":
+    algorithm = _pick(collective, length, itemsize, topology, root, chunks, perm, api)
+  return _build(collective, length, itemsize, topology, algorithm, root, chunks,
+                perm).validate(api)
+
+
+def auto_algorithm(collective: str, length: int, itemsize: int, topology: Topology, *,
+                   root: int = 0, perm=None, chunks: int | None = None,
+                   api: str = "jaxcc.plan") -> str:
+  """The algorithm "auto" stands for: the candidate with the smallest simulated time.
+
+  The candidates are priced at depth ``chunks`` (None: each at the depth
+  ``choose_chunks`` picks, as the Tcp transport runs them); ties go to the
+  first of ``AUTO_CANDIDATES[collective]``.
+  """
+  root, chunks, perm = _arguments(collective, length, itemsize, topology, "auto", root,
+                                  chunks, perm, api)
+  return _pick(collective, length, itemsize, topology, root, chunks, perm, api)
+
+
+def check_algorithm(collective: str, algorithm: str, api: str) -> None:
+  """Raise a ValueError naming ``api`` and the choices if ``algorithm`` does not fit."""
+  if collective not in ALGORITHMS:
+    raise ValueError(f"{api}: unknown collective {collective!r}; expected one of "
+                     f"{tuple(ALGORITHMS)}")
+  if algorithm != "auto" and algorithm not in ALGORITHMS[collective]:
+    others = [c for c, algs in ALGORITHMS.items() if algorithm in algs]
+    hint = f" ({algorithm!r} is for {', '.join(others)} only)" if others else ""
+    raise ValueError(
+        f"{api}: unsupported algorithm {algorithm!r} for {collective}{hint}; "
+        f"expected one of {('auto',) + ALGORITHMS[collective]}")
+
+
+def _check_itemsize(itemsize, api: str) -> None:
+  if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize < 1:
+    raise ValueError(f"{api}: itemsize must be a positive integer, got {itemsize!r}")
+
+
+def _arguments(collective, length, itemsize, topology, algorithm, root, chunks, perm, api):
+  """Validates the arguments; returns ``(root, chunks, perm)`` as the cache keys them."""
+  if not isinstance(topology, Topology):
+    raise TypeError(f"{api}: topology must be a jaxcc.Topology, got {type(topology).__name__}")
+  check_algorithm(collective, algorithm, api)
+  _check_itemsize(itemsize, api)
+  if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+    raise ValueError(f"{api}: the buffer must have a non-negative integer number of elements, "
+                     f"got {length!r}")
+  p = topology.size
+  if collective == "ppermute":
+    perm = check_perm(perm, p, api)
+  elif perm is not None:
+    raise ValueError(f"{api}: perm is for ppermute only, not {collective!r}")
+  if collective in ("reduce_scatter", "all_gather") and length % p:
+    raise ValueError(
+        f"{api}: the buffer of {length} elements does not split into {p} equal shards; "
+        f"the scattered/gathered dimension must be divisible by the axis size {p}")
+  if collective != "broadcast":
+    root = 0
+  elif isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < p:
+    raise ValueError(f"{api}: root must be a rank in [0, {p}), got {root!r}")
+  if chunks is None:
+    chunks = choose_chunks(collective, length * itemsize, p)
+  elif isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+    raise ValueError(f"{api}: chunks must be a positive integer, got {chunks!r}")
+  return root, chunks, perm
+
+
+def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> str:
+  for name in AUTO_CANDIDATES[collective]:  # validated here, so errors name `api`
+    _build(collective, length, itemsize, topology, name, root, chunks, perm).validate(api)
+  return _cheapest(collective, length, itemsize, topology, root, chunks, perm)
+
+
+@functools.lru_cache(maxsize=256)
+def _cheapest(collective, length, itemsize, topology, root, chunks, perm) -> str:
+  best = None
+  for name in AUTO_CANDIDATES[collective]:
+    sched = _build(collective, length, itemsize, topology, name, root, chunks, perm)
+    t = sim.simulate(sched, topology).time
+    if best is None or t < best[0]:
+      best = (t, name)
+  return best[1]
+
+
+@functools.lru_cache(maxsize=256)
+def _build(collective, length, itemsize, topology, algorithm, root, chunks, perm) -> Schedule:
+  """The schedule of a named algorithm, from validated arguments."""
+  p = topology.size
+  if collective == "ppermute":
+    return permute(perm, length, p, itemsize, chunks)
+  if collective == "broadcast":
+    if algorithm == "direct":
+      return direct_broadcast(length, p, itemsize, root)
+    return chain_broadcast(length, p, itemsize, chunks, root)
+  if algorithm == "ring":
+    return ring(collective, length, p, itemsize, chunks)
+  if algorithm == "direct":
+    return direct(collective, length, p, itemsize, chunks)
+  if algorithm == "optcc":
+    return optcc(length, p, itemsize, chunks, topology.bandwidth)
+  return r2ccl(length, p, itemsize, chunks, topology.bandwidth)
