@@ -105,7 +105,7 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None, c
           env=dict(base, **{PROCESS_ID: str(i)}), stdout=outs[i], stderr=errs[i], text=True,
           start_new_session=True, preexec_fn=_die_with_parent))
     deadline = time.monotonic() + timeout_s
-    while any(p.poll() is None for p in procs):
+    while None in [p.poll() for p in procs]:  # every process polled, each time
       failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
       if failed:
         raise _failure(procs, failed[0], errs)
