@@ -10,13 +10,13 @@ virtual CPU devices and these variables:
   JAXCC_PROCESS_ID     this process' id, 0 to nproc - 1
 
 The script calls ``join()`` to become its process of the job. Every process
-runs in its own session and dies with the launcher: whatever happens, no
-process of a launch outlives it.
+runs in its own session; before ``launch`` returns or raises (an error, a
+timeout, an interrupt) it kills each session, so no process it started, nor
+any child of one, is left behind.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
@@ -37,7 +37,6 @@ from jaxcc._src.devices import virtual_cpu_environ
 COORDINATOR, NUM_PROCESSES, PROCESS_ID = (
     "JAXCC_COORDINATOR", "JAXCC_NUM_PROCESSES", "JAXCC_PROCESS_ID")
 _TAIL = 4000
-_PR_SET_PDEATHSIG = 1
 
 
 class Process(NamedTuple):
@@ -103,7 +102,7 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None, c
       procs.append(subprocess.Popen(
           [*where, sys.executable, script, *map(str, args)],
           env=dict(base, **{PROCESS_ID: str(i)}), stdout=outs[i], stderr=errs[i], text=True,
-          start_new_session=True, preexec_fn=_die_with_parent))
+          start_new_session=True))
     deadline = time.monotonic() + timeout_s
     while None in [p.poll() for p in procs]:  # every process polled, each time
       failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
@@ -176,12 +175,6 @@ def _read(f) -> str:
   return f.read()
 
 
-def _die_with_parent() -> None:
-  """In the child before exec: SIGKILL it when the launching thread exits (Linux)."""
-  if sys.platform.startswith("linux"):
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _kill(procs: list[subprocess.Popen]) -> None:
   """SIGKILL each process' session (its children too) and reap it."""
   for p in procs:
@@ -190,6 +183,3 @@ def _kill(procs: list[subprocess.Popen]) -> None:
     except (ProcessLookupError, PermissionError):
       pass
     p.wait()
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None

@@ -83,10 +83,13 @@ def sweep_table(rows: Sequence[dict]) -> str:
   and how the result was checked against lax.
   """
   first = rows[0]
-  where = {"in-process": "virtual CPU devices of one process",
-           "loopback": f"{first['processes']} processes on loopback",
-           "testbed": f"{first['processes']} testbed hosts at {(first['rate_bps'] or 0) / 1e6:g} "
-                      f"Mbit/s, stragglers {format_stragglers(first['stragglers'])}"}[first["where"]]
+  if first["where"] == "testbed":
+    where = (f"{first['processes']} testbed hosts at {first['rate_bps'] / 1e6:g} Mbit/s, "
+             f"stragglers {format_stragglers(first['stragglers'])}")
+  elif first["where"] == "loopback":
+    where = f"{first['processes']} processes on loopback"
+  else:
+    where = "virtual CPU devices of one process"
   algorithm = next((r["algorithm"] for r in rows if r["algorithm"]), "auto")
   repeats = sorted({r["repeats"] for r in rows}, reverse=True)
   lines = [f"sweep of float32 on {first['ranks']} ranks, {where}; jaxcc algorithm={algorithm} "

@@ -59,7 +59,7 @@ def size_range(low: int = 4 << 10, high: int = 256 << 20, factor: int = 4) -> li
 
 
 def repeats_at(nbytes: int, repeats: int) -> int:
-  """Timed runs at ``nbytes``: ``repeats`` up to 4 MiB, fewer above (as 4 MiB / size), at least 3."""
+  """Timed runs at ``nbytes``: ``repeats`` up to 4 MiB, fewer above (by 4 MiB / size), >= 3."""
   if nbytes <= _FULL_REPEATS_BYTES:
     return repeats
   return min(repeats, max(3, repeats * _FULL_REPEATS_BYTES // nbytes))
@@ -98,6 +98,8 @@ def run(*, collectives: Sequence[str] = COLLECTIVES, sizes: Sequence[int] = tupl
     samples_s, lax_samples_s``.
   """
   stragglers = dict(stragglers or {})
+  if stragglers and not testbed:
+    raise ValueError("sweep: stragglers slow testbed hosts; add --testbed (testbed=True)")
   if testbed and nproc is None:
     nproc = 4
   ranks = devices if nproc is None else nproc
@@ -110,11 +112,12 @@ def run(*, collectives: Sequence[str] = COLLECTIVES, sizes: Sequence[int] = tupl
                  stream=None if progress else io.StringIO())
   bandwidth = rate_bps / 8 * min(stragglers.values(), default=1.0) if testbed else (
       _ASSUMED_BANDWIDTH)
-  slowest = 0.05 + 2 * max(sizes) / bandwidth
+  # Limits far above any run: 5x a call's time at 2 S / bandwidth, plus compilation.
+  longest_call_s = 0.05 + 2 * max(sizes) / bandwidth
   timeout_s = 120 + sum(len(collectives) * (2 * (r + 1) * 5 * (0.05 + 2 * s / bandwidth) + 10)
                         for s, r in zip(sizes, counts))
   try:
-    with tempfile.TemporaryDirectory() as tmp, cluster or contextlib.nullcontext():
+    with tempfile.TemporaryDirectory() as tmp, cluster if testbed else contextlib.nullcontext():
       path = os.path.join(tmp, "progress")
       config = json.dumps({"collectives": list(collectives), "sizes": sizes, "repeats": counts,
                            "algorithm": algorithm, "executor": executor, "codec": codec,
@@ -124,7 +127,7 @@ def run(*, collectives: Sequence[str] = COLLECTIVES, sizes: Sequence[int] = tupl
       with bar.following(path):
         processes = launch(WORKER, [config], nproc=nproc or 1, cluster=cluster,
                            local_devices=devices if nproc is None else 1, timeout_s=timeout_s,
-                           env={"JAXCC_TIMEOUT_S": str(int(60 + 10 * slowest))})
+                           env={"JAXCC_TIMEOUT_S": str(int(60 + 10 * longest_call_s))})
   finally:
     bar.close()
   results = [p.json()["results"] for p in processes]
