@@ -28,11 +28,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 
 from jaxcc._src.devices import virtual_cpu_environ
+
+if TYPE_CHECKING:
+  from jaxcc.testbed import Cluster
 
 COORDINATOR, NUM_PROCESSES, PROCESS_ID = (
     "JAXCC_COORDINATOR", "JAXCC_NUM_PROCESSES", "JAXCC_PROCESS_ID")
@@ -62,9 +65,9 @@ class Job(NamedTuple):
   process_id: int
 
 
-def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None, cluster=None,
-           local_devices: int = 1, env: Mapping[str, str] | None = None,
-           timeout_s: float = 300) -> list[Process]:
+def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
+           cluster: Cluster | None = None, local_devices: int = 1,
+           env: Mapping[str, str] | None = None, timeout_s: float = 300) -> list[Process]:
   """Run ``python script *args`` as ``nproc`` processes (or one per host of ``cluster``).
 
   Args:
@@ -89,8 +92,10 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None, c
       raise ValueError(f"jaxcc.launcher.launch: nproc={nproc} but the cluster has {cluster.n} "
                        "hosts; leave nproc out")
     nproc = cluster.n
-  if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-    raise ValueError(f"jaxcc.launcher.launch: nproc must be a positive integer, got {nproc!r}")
+  for name, value in (("nproc", nproc), ("local_devices", local_devices)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"jaxcc.launcher.launch: {name} must be a positive integer, got "
+                       f"{value!r}")
   base = dict(os.environ, **virtual_cpu_environ(local_devices))
   base.update({COORDINATOR: _coordinator(cluster), NUM_PROCESSES: str(nproc)}, **(env or {}))
   outs = [tempfile.TemporaryFile("w+") for _ in range(nproc)]
@@ -155,7 +160,7 @@ def join(timeout_s: float = 120) -> Job:
   return me
 
 
-def _coordinator(cluster) -> str:
+def _coordinator(cluster: Cluster | None) -> str:
   if cluster is not None:  # the namespaces are the job's own: no one else listens there
     return f"{cluster.address(0)}:{random.randint(20000, 40000)}"
   with socket.socket() as s:
