@@ -57,17 +57,15 @@ def name(collective: str, codec: str | None, split: bool = True) -> str:
 def worker(config: dict) -> None:
   """One process of the cluster: time every run; print one JSON line of per-sample seconds."""
   import jax
-  jax.distributed.initialize(os.environ["JAXCC_TESTBED_COORDINATOR"],
-                             int(os.environ["JAXCC_TESTBED_NUM_PROCESSES"]),
-                             int(os.environ["JAXCC_TESTBED_PROCESS_ID"]),
-                             initialization_timeout=120)
   import jax.numpy as jnp
   from jax import lax
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
   import jaxcc
+  from jaxcc.launcher import join
 
+  join()
   me, n = jax.process_index(), jax.process_count()
   mesh = jax.make_mesh((n,), ("x",))
   weights = np.load(config["weights"]).view(jnp.bfloat16)
@@ -148,14 +146,15 @@ def encoded_ratios(weights: np.ndarray, grads: np.ndarray) -> dict:
 def run(nproc: int, rate: str, reps: int, elements: int | None) -> dict:
   """Prepare the data, run the workers on a cluster; the medians of the slowest process' times."""
   from jaxcc import testbed
+  from jaxcc.launcher import launch
   testbed.require_privileges()
   with tempfile.TemporaryDirectory() as tmp:
     config = prepare(tmp, elements, nproc) | {"reps": reps}
     timeout_s = 600 + 40 * reps * len(RUNS) * config["elements"]["weights"] / 1e7
     with testbed.Cluster(nproc, rate=rate) as cluster:
-      results = testbed.launch(cluster, os.path.abspath(__file__),
-                               ["--worker", json.dumps(config)], timeout_s=timeout_s,
-                               env={"JAXCC_TIMEOUT_S": str(int(timeout_s))})
+      results = [p.json() for p in launch(
+          os.path.abspath(__file__), ["--worker", json.dumps(config)], cluster=cluster,
+          timeout_s=timeout_s, env={"JAXCC_TIMEOUT_S": str(int(timeout_s))})]
   rows = []
   for collective, codec, split in RUNS:
     slowest = np.max([r["samples"][name(collective, codec, split)] for r in results], axis=0)

@@ -27,12 +27,9 @@ file (or under ``--out``). Run: ``.venv/bin/python benchmarks/diloco_experiment.
 
 from __future__ import annotations
 
-import os
+from jaxcc._src.devices import use_virtual_cpu_devices
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=8").strip()
+use_virtual_cpu_devices(8)
 
 import argparse  # noqa: E402
 import json  # noqa: E402

@@ -9,11 +9,9 @@ Run: ``.venv/bin/python benchmarks/native_inprocess.py``.
 
 from __future__ import annotations
 
-import os
+from jaxcc._src.devices import use_virtual_cpu_devices
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8").strip()
+use_virtual_cpu_devices(8)
 
 import argparse  # noqa: E402
 import json  # noqa: E402

@@ -20,19 +20,14 @@ import json
 import os
 import pathlib
 import platform
-import socket
-import subprocess
-import sys
 import time
 
 MiB = 1 << 20
 ALGORITHMS = ("gloo psum", "native ring", "native direct", "native optcc")
 
 
-def worker(process: int, nproc: int, port: int, mib: int, reps: int) -> None:
+def worker(mib: int, reps: int) -> None:
   """One process: time every algorithm; print one JSON line of per-sample seconds."""
-  os.environ["JAX_PLATFORMS"] = "cpu"
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
   import jax
   import numpy as np
   from jax import lax
@@ -40,9 +35,9 @@ def worker(process: int, nproc: int, port: int, mib: int, reps: int) -> None:
   from jax.sharding import PartitionSpec as P
 
   import jaxcc
+  from jaxcc.launcher import join
 
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(f"127.0.0.1:{port}", nproc, process, initialization_timeout=120)
+  nproc = join().num_processes
   mesh = jax.make_mesh((nproc,), ("x",))
   n = mib * MiB // 4
   host = np.random.default_rng(0).normal(size=(nproc * n,)).astype(np.float32)
@@ -69,32 +64,18 @@ def worker(process: int, nproc: int, port: int, mib: int, reps: int) -> None:
       start = time.perf_counter()
       f(x).block_until_ready()
       samples[name].append(time.perf_counter() - start)
-  print("SAMPLES " + json.dumps(samples), flush=True)
+  print(json.dumps(samples), flush=True)
   jax.distributed.shutdown()
 
 
 def run(nproc: int, mib: int, reps: int) -> dict:
   """Start the processes; return the per-algorithm medians of the slowest process' times."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), "--nproc", str(nproc),
-                             "--port", str(port), "--mib", str(mib), "--reps", str(reps)],
-                            env=env, stdout=subprocess.PIPE, text=True) for i in range(nproc)]
-  try:
-    outs = [p.communicate(timeout=900)[0] for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  per_process = []
-  for i, (p, out) in enumerate(zip(procs, outs)):
-    lines = [ln for ln in out.splitlines() if ln.startswith("SAMPLES ")]
-    if p.returncode != 0 or not lines:
-      raise RuntimeError(f"benchmark process {i} failed (rc {p.returncode}):\n{out[-3000:]}")
-    per_process.append(json.loads(lines[-1][len("SAMPLES "):]))
   import numpy as np
+
+  from jaxcc.launcher import launch
+  per_process = [p.json() for p in launch(__file__, ["--worker", "--mib", str(mib),
+                                                     "--reps", str(reps)],
+                                          nproc=nproc, timeout_s=900)]
   rows = []
   nbytes = mib * MiB
   for name in ALGORITHMS:
@@ -142,11 +123,10 @@ def main() -> None:
   parser.add_argument("--mib", type=int, default=16)
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
-  parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
-  parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if args.worker is not None:
-    worker(args.worker, args.nproc, args.port, args.mib, args.reps)
+  if args.worker:
+    worker(args.mib, args.reps)
     return
   result = run(args.nproc, args.mib, args.reps)
   print(table(result))

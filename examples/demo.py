@@ -9,11 +9,9 @@ fault-free ring.
 Run: ``make demo`` (or ``.venv/bin/python examples/demo.py``).
 """
 
-import os
+from jaxcc._src.devices import use_virtual_cpu_devices
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8").strip()
+use_virtual_cpu_devices(8)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

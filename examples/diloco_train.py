@@ -21,12 +21,9 @@ Run: ``.venv/bin/python examples/diloco_train.py`` (about a minute on 2 cores;
 
 from __future__ import annotations
 
-import os
+from jaxcc._src.devices import use_virtual_cpu_devices
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=8").strip()
+use_virtual_cpu_devices(8)
 
 import argparse  # noqa: E402
 import time  # noqa: E402

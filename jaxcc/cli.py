@@ -1,10 +1,12 @@
-"""The ``jaxcc`` command: ``jaxcc bench allreduce ...`` and ``jaxcc bench calibrate ...``.
+"""The ``jaxcc`` command: ``jaxcc bench allreduce|sweep|calibrate ...``.
 
 Examples:
   jaxcc bench allreduce --ranks 4 --size 256KiB --algorithms psum,ring,optcc --repeats 2
   sudo jaxcc bench allreduce --testbed --ranks 8 --rate 200mbit --straggler 5:0.5 \\
       --size 16MiB --algorithms psum,ring,direct,optcc,r2ccl --repeats 5 --json out.json
   sudo jaxcc bench calibrate --ranks 4 --rate 200mbit
+  jaxcc bench sweep --sizes 4KiB:256MiB --json sweep.json --plot sweep.png
+  jaxcc bench sweep --nproc 4 --collectives all_reduce,all_gather --executor native
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from jaxcc.bench import allreduce, calibration, report
+from jaxcc.bench import allreduce, calibration, report, sweep
 from jaxcc.testbed import Cluster
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
@@ -59,6 +61,30 @@ def parse_stragglers(text: str) -> dict[int, float]:
   return out
 
 
+def parse_sizes(text: str) -> list[int]:
+  """Bytes of ``"4KiB:256MiB"`` (x4 steps), ``"4KiB:1MiB:x2"`` or ``"4KiB,1MiB,16MiB"``."""
+  if "," in text or ":" not in text:
+    return [parse_size(t) for t in text.split(",")]
+  parts = text.split(":")
+  m = re.fullmatch(r"\s*x(\d+)\s*", parts[2]) if len(parts) == 3 else None
+  if len(parts) not in (2, 3) or (len(parts) == 3 and not m):
+    raise argparse.ArgumentTypeError(
+        f"sizes are LOW:HIGH, LOW:HIGH:xFACTOR or a comma-separated list, got {text!r}")
+  try:
+    return sweep.size_range(parse_size(parts[0]), parse_size(parts[1]),
+                            int(m.group(1)) if m else 4)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _collectives(text: str) -> list[str]:
+  names = [c.strip() for c in text.split(",") if c.strip()]
+  if not names or any(c not in sweep.COLLECTIVES for c in names):
+    raise argparse.ArgumentTypeError(
+        f"collectives are a comma-separated list of {', '.join(sweep.COLLECTIVES)}; got {text!r}")
+  return names
+
+
 def _algorithms(text: str) -> list[str]:
   names = [a.strip() for a in text.split(",") if a.strip()]
   unknown = [a for a in names if a not in allreduce.ALGORITHMS]
@@ -80,6 +106,23 @@ def _bench_allreduce(args) -> None:
     report.write_json(rows, args.json)
   if args.plot:
     report.plot(rows, args.plot)
+
+
+def _bench_sweep(args) -> None:
+  if args.plot:
+    report.require_matplotlib("--plot")
+  if args.devices is not None and (args.nproc or args.testbed):
+    raise ValueError("--devices is for one process of virtual devices; with --nproc or "
+                     "--testbed every process has one device")
+  rows = sweep.run(collectives=args.collectives, sizes=args.sizes, repeats=args.repeats,
+                   devices=args.devices or 8, nproc=args.nproc, testbed=args.testbed,
+                   rate=args.rate, stragglers=_stragglers(args), algorithm=args.algorithm,
+                   executor=args.executor, codec=None if args.codec == "none" else args.codec)
+  print(report.sweep_table(rows))
+  if args.json:
+    report.write_json(rows, args.json)
+  if args.plot:
+    report.sweep_plot(rows, args.plot)
 
 
 def _bench_calibrate(args) -> None:
@@ -122,6 +165,42 @@ def _parser() -> argparse.ArgumentParser:
                  help="run on an emulated cluster of network namespaces (needs root)")
   p.add_argument("--plot", metavar="PATH", help="write a PNG of time / lower bound")
   p.set_defaults(command=_bench_allreduce)
+
+  p = benches.add_parser(
+      "sweep", help="every collective at every size against lax (nccl-tests style)",
+      description="Time jaxcc's collectives against their lax twins at sizes from 4 KiB to "
+                  "256 MiB of float32 (x4 steps): on virtual CPU devices of one process "
+                  "(default), across --nproc processes on loopback (gloo) or on the testbed "
+                  "(--testbed, root). Every result is checked against lax first; rows give "
+                  "the median and minimum time, algbw and busbw as nccl-tests defines them, "
+                  "and lax's time / jaxcc's.")
+  p.add_argument("--collectives", type=_collectives, default=list(sweep.COLLECTIVES),
+                 help=f"comma-separated (default {','.join(sweep.COLLECTIVES)})")
+  p.add_argument("--sizes", type=parse_sizes, default=sweep.size_range(),
+                 help="LOW:HIGH[:xFACTOR] or a comma-separated list of full-buffer sizes "
+                      "(default 4KiB:256MiB:x4)")
+  p.add_argument("--repeats", type=int, default=10,
+                 help="timed runs of each up to 4 MiB, fewer above, at least 3 (default 10)")
+  p.add_argument("--devices", type=int,
+                 help="virtual CPU devices of the one process (default 8)")
+  p.add_argument("--nproc", type=int,
+                 help="processes of one CPU device each, on loopback (with --testbed: hosts, "
+                      "default 4)")
+  p.add_argument("--testbed", action="store_true",
+                 help="run on an emulated cluster of network namespaces (needs root)")
+  p.add_argument("--rate", default="200mbit",
+                 help="with --testbed: link rate of every host, a tc rate (default 200mbit)")
+  p.add_argument("--straggler", action="append", type=parse_stragglers, metavar="RANK:FRACTION",
+                 help="with --testbed: a host at FRACTION of the rate; repeatable")
+  p.add_argument("--algorithm", default="auto",
+                 help="jaxcc's algorithm (default auto); ppermute takes none")
+  p.add_argument("--executor", default="auto", choices=("auto", "native", "xla"),
+                 help="jaxcc's executor (default auto)")
+  p.add_argument("--codec", default="none", choices=("none", "fixed", "entropy"),
+                 help="jaxcc's codec (default none)")
+  p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+  p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw and lax / jaxcc")
+  p.set_defaults(command=_bench_sweep)
 
   p = benches.add_parser(
       "calibrate", help="measured link throughput vs the configured rate (testbed, root)",

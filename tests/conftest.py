@@ -1,8 +1,5 @@
-"""Runs before any test module imports jax: CPU platform with 8 virtual devices."""
+"""Runs before any test module computes on jax: the CPU platform with 8 virtual devices."""
 
-import os
+from jaxcc._src.devices import use_virtual_cpu_devices
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+use_virtual_cpu_devices(8)

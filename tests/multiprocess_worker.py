@@ -1,6 +1,6 @@
 """One process of tests/test_multiprocess.py: a jax.distributed job on loopback.
 
-Usage: python tests/multiprocess_worker.py MODE PROCESS_ID NUM_PROCESSES PORT LOCAL_DEVICES
+Usage: python tests/multiprocess_worker.py MODE, started by ``jaxcc.launcher.launch``.
 
 MODE "check": every collective and algorithm with the native executor (TCP
 between processes, InProcess within one), the XLA executor and lax on odd
@@ -16,15 +16,13 @@ import os
 import sys
 import time
 
-MODE, PID, NPROC, PORT, LDEV = sys.argv[1], *map(int, sys.argv[2:6])
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LDEV}"
+from jaxcc.launcher import join
+
+MODE = sys.argv[1]
+JOB = join(timeout_s=60)
+PID, NPROC = JOB.process_id, JOB.num_processes
 
 import jax  # noqa: E402
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(f"127.0.0.1:{PORT}", NPROC, PID, initialization_timeout=60)
-
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
@@ -34,6 +32,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import jaxcc  # noqa: E402
 from jaxcc import _jaxcc_cpu  # noqa: E402
 
+LDEV = jax.local_device_count()
 P_ALL = NPROC * LDEV
 ROOT = P_ALL - 3  # a broadcast root on another process than rank 0
 ALL_REDUCE = ("ring", "direct", "optcc", "r2ccl")

@@ -7,12 +7,13 @@ CI (``CI`` set), where that is a failure.
 import argparse
 import io
 import json
+import sys
 
 import pytest
 from testbed_helpers import namespaces, require
 
 from jaxcc import cli, testbed
-from jaxcc.bench import allreduce, report
+from jaxcc.bench import allreduce, report, sweep
 from jaxcc.testbed import netns
 
 KEYS = {"algorithm", "ranks", "stragglers", "nbytes", "measured_s", "lower_bound_s", "simulated_s",
@@ -126,3 +127,49 @@ def test_a_testbed_run_is_network_bound_and_tears_down(tmp_path, capsys, monkeyp
     assert r["measured_s"] > 0.8 * r["lower_bound_s"], r
     assert r["fault_free_psum_s"] > 0.8 * r["t_ff_s"], r
   print(out)
+
+
+SWEEP_KEYS = {"collective", "twin", "nbytes", "ranks", "processes", "where", "algorithm",
+              "executor", "codec", "repeats", "time_s", "min_s", "algbw_gbps", "busbw_gbps",
+              "lax_time_s", "lax_min_s", "lax_algbw_gbps", "lax_busbw_gbps", "vs_lax", "check",
+              "max_abs_diff", "samples_s", "lax_samples_s"}
+
+
+@pytest.mark.parametrize("where", ["in-process", "loopback"])
+def test_a_sweep_checks_every_result_against_lax_and_writes_rows(where, tmp_path, capsys):
+  placement = ["--devices", "4"] if where == "in-process" else ["--nproc", "2"]
+  status = cli.main(["bench", "sweep", "--collectives", "all_reduce,all_gather", "--sizes",
+                     "4KiB:16KiB", "--repeats", "2", *placement,
+                     "--json", str(tmp_path / "rows.json")])
+  out, err = capsys.readouterr()
+  assert status == 0, err
+  assert "] 12/12 all_gather 16384 B 2/2" in err  # 2 sizes x 2 collectives x (check + 2 runs)
+  rows = json.loads((tmp_path / "rows.json").read_text())
+  ranks = 4 if where == "in-process" else 2
+  assert [(r["collective"], r["nbytes"]) for r in rows] == [
+      ("all_reduce", 4096), ("all_gather", 4096), ("all_reduce", 16384), ("all_gather", 16384)]
+  for r in rows:
+    assert set(r) >= SWEEP_KEYS, r
+    assert (r["where"], r["ranks"], r["repeats"]) == (where, ranks, 2)
+    assert r["check"] == ("allclose" if r["collective"] == "all_reduce" else "bit-exact")
+    assert r["max_abs_diff"] < 1e-4 and (r["collective"] == "all_reduce" or r["max_abs_diff"] == 0)
+    factor = 2 * (ranks - 1) / ranks if r["collective"] == "all_reduce" else (ranks - 1) / ranks
+    assert r["busbw_gbps"] == pytest.approx(r["nbytes"] / r["time_s"] / 1e9 * factor)
+    assert r["vs_lax"] == pytest.approx(r["lax_time_s"] / r["time_s"])
+  assert "| all_gather | 16 KiB |" in out
+
+
+def test_a_sweep_rejects_bad_options_before_any_work(capsys, monkeypatch):
+  monkeypatch.setattr(sweep, "launch", lambda *a, **k: pytest.fail("the sweep started"))
+  assert cli.main(["bench", "sweep", "--algorithm", "optcc"]) == 1
+  assert "'optcc' is for all_reduce only" in capsys.readouterr().err
+  assert cli.main(["bench", "sweep", "--nproc", "2", "--devices", "4"]) == 1
+  assert "--devices is for one process" in capsys.readouterr().err
+  assert cli.main(["bench", "sweep", "--algorithm", "lax", "--codec", "entropy"]) == 1
+  monkeypatch.setitem(sys.modules, "matplotlib", None)
+  assert cli.main(["bench", "sweep", "--plot", "x.png"]) == 1
+  assert "--plot needs matplotlib" in capsys.readouterr().err
+  assert cli.parse_sizes("4KiB:256MiB") == [4 << 10 << 2 * k for k in range(9)]
+  assert cli.parse_sizes("1KiB:8KiB:x2") == [1024, 2048, 4096, 8192]
+  assert cli.parse_sizes("4KiB,1MiB") == [4096, 1 << 20]
+  assert sweep.repeats_at(4 << 20, 10) == 10 and sweep.repeats_at(256 << 20, 10) == 3

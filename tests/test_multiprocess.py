@@ -1,20 +1,20 @@
 """The native executor across processes: 4 jax.distributed processes x 2 CPU devices on loopback.
 
-Each test starts the processes of tests/multiprocess_worker.py with gloo as
-XLA's CPU collectives, so lax and the XLA executor run across processes too.
+Each test launches tests/multiprocess_worker.py with ``jaxcc.launcher``, so
+gloo is XLA's CPU collectives and lax and the XLA executor run across
+processes too.
 """
 
 import logging
 import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
+from jaxcc import launcher
 from jaxcc._src import tcp_bootstrap
 
 pytestmark = pytest.mark.multiprocess
@@ -22,37 +22,22 @@ pytestmark = pytest.mark.multiprocess
 WORKER = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
 
 
-def launch(mode, nproc=4, local_devices=2, timeout_s=150, **env):
-  """Run the worker as ``nproc`` processes; return [(returncode, output)], killing any left."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  child_env = dict(os.environ, **env)
-  child_env.pop("XLA_FLAGS", None)
-  procs = [subprocess.Popen([sys.executable, WORKER, mode, str(i), str(nproc), str(port),
-                             str(local_devices)], env=child_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for i in range(nproc)]
-  deadline = time.monotonic() + timeout_s
-  try:
-    outs = [p.communicate(timeout=max(deadline - time.monotonic(), 1))[0] for p in procs]
-    return [(p.returncode, out) for p, out in zip(procs, outs)]
-  finally:
-    for p in procs:
-      p.kill()
+def launch(mode, **env):
+  """Run the worker as 4 processes of 2 CPU devices; each one's output, by process."""
+  return launcher.launch(WORKER, [mode], nproc=4, local_devices=2, env=env, timeout_s=150)
 
 
 def test_every_collective_and_algorithm_matches_xla_and_lax():
-  results = launch("check", JAXCC_TIMEOUT_S="30")
-  for i, (rc, out) in enumerate(results):
-    assert rc == 0 and "OK" in out, f"process {i} (rc {rc}):\n{out[-4000:]}"
+  for p in launch("check", JAXCC_TIMEOUT_S="30"):
+    assert "OK" in p.stdout, f"process {p.rank}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
 
 
 def test_a_killed_process_fails_its_peers_naming_it_within_the_timeout():
   start = time.monotonic()
   results = launch("kill", JAXCC_TIMEOUT_S="5")
-  for i, (rc, out) in enumerate(results[:-1]):
-    m = re.search(r"FAILED after ([\d.]+) s: (.*)", out, re.S)
-    assert rc == 0 and m, f"process {i} (rc {rc}):\n{out[-4000:]}"
+  for p in results[:-1]:
+    m = re.search(r"FAILED after ([\d.]+) s: (.*)", p.stdout, re.S)
+    assert m, f"process {p.rank}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
     assert float(m.group(1)) < 5 + 3, m.group(0)
     assert re.search(r"rank [67] \(process 3\)", m.group(2)), m.group(2)
     assert re.search(r"step \d+", m.group(2)), m.group(2)

@@ -10,7 +10,7 @@ import time
 import pytest
 from testbed_helpers import namespaces, require
 
-from jaxcc import testbed
+from jaxcc import launcher, testbed
 from jaxcc.bench import allreduce
 from jaxcc.testbed import netns
 
@@ -57,14 +57,14 @@ def test_a_failing_rank_kills_the_others_and_is_named(tmp_path):
   require()
   script = tmp_path / "fail.py"
   script.write_text("import os, sys, time\n"
-                    "if os.environ['JAXCC_TESTBED_PROCESS_ID'] == '1':\n"
+                    f"if os.environ[{launcher.PROCESS_ID!r}] == '1':\n"
                     "  sys.exit('rank one gives up')\n"
                     "time.sleep(60)\n")
   start = time.monotonic()
   with pytest.raises(RuntimeError, match=r"rank 1 exited with 1(.|\n)*rank one gives up"):
     with testbed.Cluster(3) as cluster:
       prefix = f"{netns.PREFIX}{cluster.tag}-"
-      testbed.launch(cluster, str(script), timeout_s=30)
+      launcher.launch(str(script), cluster=cluster, timeout_s=30)
   assert time.monotonic() - start < 20
   assert not namespaces(prefix)
 

@@ -16,6 +16,7 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import distributed as _distributed
 from jax._src import effects as _effects
+from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad, batching, mlir  # noqa: F401  (re-exported)
 from jax.extend.core import Primitive  # noqa: F401  (re-exported)
 
@@ -154,6 +155,11 @@ def lowering_mesh() -> jax.sharding.Mesh | None:
   """
   mesh = _lowering_mesh.get()
   return mesh if isinstance(mesh, jax.sharding.Mesh) else None
+
+
+def backends_started() -> bool:
+  """Whether jax has created its backends (after which the CPU device count is fixed)."""
+  return _xla_bridge.backends_are_initialized()
 
 
 def coordinator_address() -> str | None:

@@ -29,9 +29,6 @@ import contextlib
 import io
 import json
 import os
-import re
-import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 
@@ -39,15 +36,15 @@ import numpy as np
 
 from jaxcc.bench import calibration
 from jaxcc.bench.report import Progress, format_stragglers
+from jaxcc.launcher import launch
 from jaxcc.planner import plan
 from jaxcc.sim import lower_bound, simulate
 from jaxcc.sim.bounds import fault_free_ring_time
-from jaxcc.testbed import Cluster, launch, parse_rate
+from jaxcc.testbed import Cluster, parse_rate
 from jaxcc.topology import Topology
 
 ALGORITHMS = ("psum", "ring", "direct", "optcc", "r2ccl")
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
-_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 
 def run(ranks: int, nbytes: int, *, rate: str | float = "200mbit",
@@ -115,7 +112,7 @@ def run(ranks: int, nbytes: int, *, rate: str | float = "200mbit",
 def measure(topology: Topology, nbytes: int, algorithms: Sequence[str], repeats: int,
             cluster: Cluster | None = None, progress: Progress | None = None,
             label: str = "") -> list[dict]:
-  """Run the worker once: on ``cluster`` if given, else on virtual devices in a subprocess.
+  """Run the worker once: on ``cluster`` if given, else on virtual devices of one process.
 
   Args:
     topology: the configured network, which jaxcc plans for.
@@ -138,9 +135,12 @@ def measure(topology: Topology, nbytes: int, algorithms: Sequence[str], repeats:
                          "progress": path if progress else None})
     with progress.following(path, label) if progress else contextlib.nullcontext():
       if cluster is not None:
-        return launch(cluster, WORKER, [config], timeout_s=timeout_s,
-                      env={"JAXCC_TIMEOUT_S": str(int(timeout_s))})
-      return [_run_virtual(topology.size, config, timeout_s)]
+        processes = launch(WORKER, [config], cluster=cluster, timeout_s=timeout_s,
+                           env={"JAXCC_TIMEOUT_S": str(int(timeout_s))})
+      else:
+        processes = launch(WORKER, [config], nproc=1, local_devices=topology.size,
+                           timeout_s=timeout_s)
+  return [p.json() for p in processes]
 
 
 def configured_topology(ranks: int, rate_bps: float, stragglers: Mapping[int, float]) -> Topology:
@@ -165,20 +165,6 @@ def _check(ranks, nbytes, configurations, algorithms, repeats) -> None:
     raise ValueError(f"bench: repeats must be an integer >= 1, got {repeats!r}")
   for stragglers in configurations:
     configured_topology(ranks, 1.0, stragglers)  # raises on a bad rank or fraction
-
-
-def _run_virtual(ranks: int, config: str, timeout_s: float) -> dict:
-  """The worker in a fresh process with ``ranks`` virtual CPU devices; its JSON result."""
-  flags = _DEVICE_COUNT.sub("", os.environ.get("XLA_FLAGS", ""))
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={ranks}".strip())
-  done = subprocess.run([sys.executable, WORKER, config], env=env, capture_output=True, text=True,
-                        timeout=timeout_s, check=False)
-  lines = done.stdout.strip().splitlines()
-  if done.returncode or not lines:
-    raise RuntimeError(f"bench: the worker failed ({done.returncode}); its stderr ends:\n"
-                       f"{done.stderr[-4000:]}")
-  return json.loads(lines[-1])
 
 
 def _row(alg, ranks, stragglers, nbytes, rate_bps, efficiency, measured, samples, psum) -> dict:

@@ -16,7 +16,8 @@ import os
 import random
 import statistics
 
-from jaxcc.testbed import Cluster, launch
+from jaxcc.launcher import launch
+from jaxcc.testbed import Cluster
 
 STREAM = os.path.join(os.path.dirname(__file__), "stream.py")
 
@@ -39,7 +40,8 @@ def calibrate(cluster: Cluster, seconds: float = 2.0, timeout_s: float = 120) ->
   nbytes = int(min(configured) / 8 * seconds)
   config = {"addresses": [cluster.address(i) for i in range(cluster.n)],
             "port": random.randint(20000, 40000), "nbytes": nbytes, "timeout_s": timeout_s}
-  results = launch(cluster, STREAM, [json.dumps(config)], timeout_s=timeout_s)
+  results = [p.json() for p in launch(STREAM, [json.dumps(config)], cluster=cluster,
+                                      timeout_s=timeout_s)]
   links = []
   for i, rate in enumerate(configured):
     measured = results[(i + 1) % cluster.n]["goodput_bps"]  # host i + 1 measured what i sent

@@ -27,8 +27,10 @@ def format_stragglers(stragglers: Mapping[int, float]) -> str:
 
 
 def format_seconds(t: float) -> str:
-  """``0.527 s``, or ``12.3 ms`` under a second."""
-  return f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.1f} ms"
+  """``0.527 s``, ``12.3 ms`` under a second, ``85 us`` under a millisecond."""
+  if t >= 1:
+    return f"{t:.3f} s"
+  return f"{t * 1e3:.1f} ms" if t >= 1e-3 else f"{t * 1e6:.0f} us"
 
 
 def table(rows: Sequence[dict]) -> str:
@@ -70,6 +72,38 @@ def summary(rows: Sequence[dict]) -> str:
     lines.append(f"| {config} | {format_seconds(bound)} | " + " | ".join(
         f"{format_seconds(cells[a]['measured_s'])} ({cells[a]['measured_s'] / bound:.2f}x)"
         if a in cells else "" for a in algorithms) + " |")
+  return "\n".join(lines)
+
+
+def sweep_table(rows: Sequence[dict]) -> str:
+  """A markdown table of ``jaxcc.bench.sweep.run`` rows, after a line naming the setup.
+
+  Columns per collective and size: jaxcc's median and minimum time, algbw and
+  busbw (GB/s), the lax twin's median time and busbw, lax's time / jaxcc's,
+  and how the result was checked against lax.
+  """
+  first = rows[0]
+  if first["where"] == "testbed":
+    where = (f"{first['processes']} testbed hosts at {first['rate_bps'] / 1e6:g} Mbit/s, "
+             f"stragglers {format_stragglers(first['stragglers'])}")
+  elif first["where"] == "loopback":
+    where = f"{first['processes']} processes on loopback"
+  else:
+    where = "virtual CPU devices of one process"
+  algorithm = next((r["algorithm"] for r in rows if r["algorithm"]), "auto")
+  repeats = sorted({r["repeats"] for r in rows}, reverse=True)
+  lines = [f"sweep of float32 on {first['ranks']} ranks, {where}; jaxcc algorithm={algorithm} "
+           f"executor={first['executor']} codec={first['codec']}; median of "
+           f"{'/'.join(map(str, repeats))} runs; every result checked against lax first",
+           "| collective | size | time | min | algbw | busbw | lax time | lax busbw | lax / jaxcc "
+           "| check |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in rows:
+    lines.append(
+        f"| {r['collective']} | {format_size(r['nbytes'])} | {format_seconds(r['time_s'])} "
+        f"| {format_seconds(r['min_s'])} | {r['algbw_gbps']:.3f} | {r['busbw_gbps']:.3f} "
+        f"| {format_seconds(r['lax_time_s'])} | {r['lax_busbw_gbps']:.3f} | {r['vs_lax']:.2f} "
+        f"| {r['check']} |")
   return "\n".join(lines)
 
 
@@ -122,6 +156,48 @@ def plot(rows: Sequence[dict], path: str | os.PathLike) -> None:
                f"{first['rate_bps'] / 1e6:g} Mbit/s, "
                f"{'testbed' if first['testbed'] else 'virtual devices'}", fontsize=10)
   ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def require_matplotlib(what: str) -> None:
+  """Raise RuntimeError naming ``what`` (e.g. "--plot") if matplotlib cannot be imported."""
+  try:
+    import matplotlib  # noqa: F401
+  except ImportError as e:
+    raise RuntimeError(f"{what} needs matplotlib ({e}); pip install matplotlib, or leave "
+                       f"{what} out") from None
+
+
+def sweep_plot(rows: Sequence[dict], path: str | os.PathLike) -> None:
+  """A PNG of a sweep: busbw against size per collective (jaxcc solid, lax dashed), and
+  lax's time / jaxcc's against size."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (bw, ratio) = plt.subplots(1, 2, figsize=(11, 4))
+  for k, collective in enumerate(dict.fromkeys(r["collective"] for r in rows)):
+    mine = [r for r in rows if r["collective"] == collective]
+    x = [r["nbytes"] for r in mine]
+    color = f"C{k}"
+    bw.plot(x, [r["busbw_gbps"] for r in mine], "o-", color=color, label=f"jaxcc.{collective}")
+    bw.plot(x, [r["lax_busbw_gbps"] for r in mine], "x--", color=color, label=mine[0]["twin"])
+    ratio.plot(x, [r["vs_lax"] for r in mine], "o-", color=color, label=collective)
+  ratio.axhline(1.0, color="gray", ls=":", lw=1)
+  for ax in (bw, ratio):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes, full buffer)")
+    ax.grid(alpha=0.3)
+  bw.set_yscale("log")
+  bw.set_ylabel("busbw (GB/s)")
+  ratio.set_ylabel("lax time / jaxcc time")
+  bw.legend(fontsize=6, ncol=2)
+  ratio.legend(fontsize=7)
+  first = rows[0]
+  fig.suptitle(f"jaxcc vs lax, {first['ranks']} ranks, {first['where']}, executor "
+               f"{first['executor']}, codec {first['codec']}", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -2,22 +2,23 @@
 
 Usage: ``python stream.py CONFIG_JSON``, with CONFIG ``{"addresses": [...], "port": int,
 "nbytes": int, "timeout_s": float}``; ``jaxcc.bench.calibration.calibrate`` starts
-it on every host of a testbed cluster (rank from ``JAXCC_TESTBED_PROCESS_ID``).
+it on every host of a testbed cluster (with ``jaxcc.launcher.launch``).
 Host ``i`` sends ``nbytes`` to host ``i + 1`` (mod n) over one TCP connection
 with 4 MiB socket buffers and the namespace's default congestion control, so
 every link carries one flow each way at once. It measures what it receives
 from the time the first tenth of the bytes had arrived to the last byte,
 which leaves out the token bucket's initial burst and TCP's slow start, and
-prints ``{"process": i, "received": bytes, "goodput_bps": bits/s}``. Needs
-only the standard library.
+prints ``{"process": i, "received": bytes, "goodput_bps": bits/s}``. Only sockets:
+jax's backend never starts.
 """
 
 import json
-import os
 import socket
 import sys
 import threading
 import time
+
+from jaxcc.launcher import job
 
 _BUFFER_BYTES = 4 << 20
 _PIECE = 1 << 20
@@ -26,7 +27,7 @@ _PIECE = 1 << 20
 def main():
   config = json.loads(sys.argv[1])
   addresses, port, nbytes = config["addresses"], config["port"], config["nbytes"]
-  me = int(os.environ["JAXCC_TESTBED_PROCESS_ID"])
+  me = job().process_id
   deadline = time.monotonic() + config["timeout_s"]
   listener = _socket()
   listener.bind((addresses[me], port))

@@ -2,10 +2,9 @@
 
 Usage: ``python worker.py CONFIG_JSON``, with CONFIG
 ``{"bandwidths": [bytes/s per rank], "nbytes": int, "algorithms": [...], "repeats": int,
-"progress": path or null}``; ``jaxcc.bench.allreduce.measure`` starts it. On the testbed
-(``JAXCC_TESTBED_COORDINATOR`` set by ``jaxcc.testbed.launch``) it is one
-``jax.distributed`` process of one CPU device per host; elsewhere one process
-whose ``XLA_FLAGS`` gives it one virtual CPU device per rank.
+"progress": path or null}``; ``jaxcc.bench.allreduce.measure`` starts it with
+``jaxcc.launcher.launch``: on the testbed one ``jax.distributed`` process of one
+CPU device per host, elsewhere one process with one virtual CPU device per rank.
 
 Every rank holds ``nbytes`` of float32 integers below 1000, so every
 summation order gives the exact sum. Each algorithm ("psum" is ``lax.psum``,
@@ -18,7 +17,6 @@ process 0 appends a line to the progress file after each run.
 """
 
 import json
-import os
 import sys
 import time
 
@@ -29,16 +27,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcc
+from jaxcc.launcher import join
 
 
 def main():
   config = json.loads(sys.argv[1])
-  testbed = "JAXCC_TESTBED_COORDINATOR" in os.environ
-  if testbed:
-    jax.distributed.initialize(os.environ["JAXCC_TESTBED_COORDINATOR"],
-                               int(os.environ["JAXCC_TESTBED_NUM_PROCESSES"]),
-                               int(os.environ["JAXCC_TESTBED_PROCESS_ID"]),
-                               initialization_timeout=120)
+  processes = join().num_processes
   topology = jaxcc.Topology.from_bandwidths(config["bandwidths"])
   n, size, me = topology.size, config["nbytes"] // 4, jax.process_index()
   if jax.device_count() != n:
@@ -72,7 +66,7 @@ def main():
       samples[name].append(time.perf_counter() - start)
       note(f"{name} {rep + 1}/{config['repeats']}")
   print(json.dumps({"process": me, "samples": samples}), flush=True)
-  if testbed:
+  if processes > 1:
     jax.distributed.shutdown()
 
 

@@ -1,6 +1,8 @@
-"""An emulated cluster on one Linux host (network namespaces shaped by ``tc``) and a launcher."""
+"""An emulated cluster on one Linux host: network namespaces shaped by ``tc``.
 
-from jaxcc.testbed.launcher import launch
+``jaxcc.launcher.launch(script, cluster=cluster)`` runs a JAX program in it.
+"""
+
 from jaxcc.testbed.netns import Cluster, cleanup_stale, parse_rate, require_privileges
 
-__all__ = ["Cluster", "cleanup_stale", "launch", "parse_rate", "require_privileges"]
+__all__ = ["Cluster", "cleanup_stale", "parse_rate", "require_privileges"]

@@ -103,7 +103,7 @@ class Cluster:
 
   Example:
     with Cluster(4, stragglers={3: 0.5}) as c:
-      results = launch(c, "worker.py", [], timeout_s=120)
+      processes = jaxcc.launcher.launch("worker.py", cluster=c, timeout_s=120)
       tx, rx = c.bytes(3)
   """
 

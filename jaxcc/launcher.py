@@ -1,0 +1,190 @@
+"""Run a Python script as the ``nproc`` processes of one ``jax.distributed`` job.
+
+``launch`` starts them on loopback (coordinator on 127.0.0.1, a free port) or
+one per host of an entered ``jaxcc.testbed.Cluster`` (``ip netns exec``; the
+coordinator on host 0), each with ``JAX_PLATFORMS=cpu``, ``local_devices``
+virtual CPU devices and these variables:
+
+  JAXCC_COORDINATOR    ``host:port`` of process 0's coordinator
+  JAXCC_NUM_PROCESSES  the number of processes
+  JAXCC_PROCESS_ID     this process' id, 0 to nproc - 1
+
+The script calls ``join()`` to become its process of the job. Every process
+runs in its own session; before ``launch`` returns or raises (an error, a
+timeout, an interrupt) it kills each session, so no process it started, nor
+any child of one, is left behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import jax
+
+from jaxcc._src.devices import virtual_cpu_environ
+
+if TYPE_CHECKING:
+  from jaxcc.testbed import Cluster
+
+COORDINATOR, NUM_PROCESSES, PROCESS_ID = (
+    "JAXCC_COORDINATOR", "JAXCC_NUM_PROCESSES", "JAXCC_PROCESS_ID")
+_TAIL = 4000
+
+
+class Process(NamedTuple):
+  """What one process of a launch wrote: its id, stdout and stderr."""
+  rank: int
+  stdout: str
+  stderr: str
+
+  def json(self):
+    """The JSON value on the last line of stdout; RuntimeError naming the rank if there is none."""
+    lines = self.stdout.strip().splitlines()
+    try:
+      return json.loads(lines[-1])
+    except (ValueError, IndexError) as e:
+      raise RuntimeError(f"jaxcc.launcher: rank {self.rank} gave no JSON result ({e}); its "
+                         f"stderr ends:\n{self.stderr[-_TAIL:]}") from None
+
+
+class Job(NamedTuple):
+  """A process' place in a launched job, as ``launch`` put it in the environment."""
+  coordinator: str
+  num_processes: int
+  process_id: int
+
+
+def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
+           cluster: Cluster | None = None, local_devices: int = 1,
+           env: Mapping[str, str] | None = None, timeout_s: float = 300) -> list[Process]:
+  """Run ``python script *args`` as ``nproc`` processes (or one per host of ``cluster``).
+
+  Args:
+    script: path of the Python script every process runs.
+    args: its command-line arguments, the same on every process.
+    nproc: the number of processes on loopback; with ``cluster``, None or its size.
+    cluster: an entered ``jaxcc.testbed.Cluster``: one process in each host's namespace.
+    local_devices: virtual CPU devices per process.
+    env: extra environment variables for every process (over the launcher's).
+    timeout_s: limit for the whole job.
+
+  Returns:
+    Each process' output, by process id, once all exited with status 0.
+
+  Raises:
+    RuntimeError: a process exited with another status; names it, its status and its
+      stderr tail. Every other process is killed first.
+    TimeoutError: the job ran past ``timeout_s``; names the processes still running.
+  """
+  if cluster is not None:
+    if nproc not in (None, cluster.n):
+      raise ValueError(f"jaxcc.launcher.launch: nproc={nproc} but the cluster has {cluster.n} "
+                       "hosts; leave nproc out")
+    nproc = cluster.n
+  for name, value in (("nproc", nproc), ("local_devices", local_devices)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"jaxcc.launcher.launch: {name} must be a positive integer, got "
+                       f"{value!r}")
+  base = dict(os.environ, **virtual_cpu_environ(local_devices))
+  base.update({COORDINATOR: _coordinator(cluster), NUM_PROCESSES: str(nproc)}, **(env or {}))
+  outs = [tempfile.TemporaryFile("w+") for _ in range(nproc)]
+  errs = [tempfile.TemporaryFile("w+") for _ in range(nproc)]
+  procs = []
+  try:
+    for i in range(nproc):
+      where = [] if cluster is None else ["ip", "netns", "exec", cluster.netns(i)]
+      procs.append(subprocess.Popen(
+          [*where, sys.executable, script, *map(str, args)],
+          env=dict(base, **{PROCESS_ID: str(i)}), stdout=outs[i], stderr=errs[i], text=True,
+          start_new_session=True))
+    deadline = time.monotonic() + timeout_s
+    while None in [p.poll() for p in procs]:  # every process polled, each time
+      failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+      if failed:
+        raise _failure(procs, failed[0], errs)
+      if time.monotonic() > deadline:
+        running = [i for i, p in enumerate(procs) if p.poll() is None]
+        _kill(procs)
+        raise TimeoutError(f"jaxcc.launcher.launch: processes {running} still ran after "
+                           f"{timeout_s:g} s; process {running[0]}'s stderr ends:\n"
+                           f"{_read(errs[running[0]])[-_TAIL:]}")
+      time.sleep(0.05)
+    failed = [i for i, p in enumerate(procs) if p.returncode]
+    if failed:
+      raise _failure(procs, failed[0], errs)
+    return [Process(i, _read(o), _read(e)) for i, (o, e) in enumerate(zip(outs, errs))]
+  finally:
+    _kill(procs)
+    for f in outs + errs:
+      f.close()
+
+
+@functools.cache
+def job() -> Job | None:
+  """This process' place in the job that ``launch`` started it in; None if it did not."""
+  if COORDINATOR not in os.environ:
+    return None
+  return Job(os.environ[COORDINATOR], int(os.environ[NUM_PROCESSES]),
+             int(os.environ[PROCESS_ID]))
+
+
+def join(timeout_s: float = 120) -> Job:
+  """Become this process' member of the launched job: ``jax.distributed`` over gloo.
+
+  With more than one process, sets gloo as XLA's CPU collectives and calls
+  ``jax.distributed.initialize`` (waiting up to ``timeout_s`` for the others);
+  a job of one process has no one to join. Call it before jax computes anything.
+
+  Raises:
+    RuntimeError: this process was not started by ``launch``.
+  """
+  me = job()
+  if me is None:
+    raise RuntimeError(f"jaxcc.launcher.join: {COORDINATOR} is not set; start this script with "
+                       "jaxcc.launcher.launch")
+  if me.num_processes > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(me.coordinator, me.num_processes, me.process_id,
+                               initialization_timeout=int(timeout_s))
+  return me
+
+
+def _coordinator(cluster: Cluster | None) -> str:
+  if cluster is not None:  # the namespaces are the job's own: no one else listens there
+    return f"{cluster.address(0)}:{random.randint(20000, 40000)}"
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _failure(procs: list[subprocess.Popen], i: int, errs) -> RuntimeError:
+  status = procs[i].returncode
+  _kill(procs)
+  return RuntimeError(f"jaxcc.launcher.launch: rank {i} exited with {status}; its stderr "
+                      f"ends:\n{_read(errs[i])[-_TAIL:]}")
+
+
+def _read(f) -> str:
+  f.seek(0)
+  return f.read()
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+  """SIGKILL each process' session (its children too) and reap it."""
+  for p in procs:
+    try:
+      os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+    p.wait()
