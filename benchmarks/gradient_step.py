@@ -82,10 +82,15 @@ def measure(models, repeats: int) -> list[dict]:
     ours = step_with(lambda g: jaxcc.all_reduce(g, "x", op="mean"))
     theirs = step_with(lambda g: lax.pmean(g, "x"))
     for a, b in zip(jax.tree.leaves(ours(*args)), jax.tree.leaves(theirs(*args))):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+      a, b = (np.asarray(v.addressable_data(0)) for v in (a, b))
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     times = {"jaxcc": [], "lax": []}
+    line_up = jax.jit(jax.shard_map(lambda v: lax.psum(v, "x"), mesh=mesh, in_specs=P("x"),
+                                    out_specs=P()))
+    ones = _global(np.ones(n, np.float32), mesh, P("x"))
     for _ in range(repeats):
       for name, fn in (("jaxcc", ours), ("lax", theirs)):
+        jax.block_until_ready(line_up(ones))  # the processes start each sample together
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times[name].append(time.perf_counter() - t0)
@@ -111,10 +116,18 @@ def main(argv=None):
   parser.add_argument("--devices", type=int, default=8, help="virtual CPU devices in-process")
   parser.add_argument("--nproc", type=int, default=0, help="processes on loopback (0: one)")
   parser.add_argument("--json", default=None)
+  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   models = args.models.split(",")
+  if args.worker:  # one process of a --nproc run: the rows, as JSON on the last line
+    from jaxcc.launcher import join
+    join()
+    print(json.dumps(measure(models, args.repeats)))
+    return
   if args.nproc:
-    rows = _across_processes(args.nproc, models, args.repeats)
+    from jaxcc.launcher import launch
+    rows = launch(__file__, ["--worker", "--models", args.models, "--repeats", str(args.repeats)],
+                  nproc=args.nproc, timeout_s=1800)[0].json()
   else:
     from jaxcc._src.devices import use_virtual_cpu_devices
     use_virtual_cpu_devices(args.devices)
@@ -128,10 +141,6 @@ def main(argv=None):
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)
-
-
-def _across_processes(nproc: int, models, repeats: int) -> list[dict]:
-  raise NotImplementedError
 
 
 if __name__ == "__main__":
