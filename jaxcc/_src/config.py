@@ -21,3 +21,17 @@ def _env_flag(name: str, default: bool) -> bool:
 
 # JAXCC_USE_FFI=0 routes the FFI ops to their pure-JAX twins (kill switch).
 USE_FFI: bool = _env_flag("JAXCC_USE_FFI", True)
+
+
+def timeout_s() -> float:
+  """JAXCC_TIMEOUT_S: how long a collective waits for a peer, in seconds (float > 0; 300)."""
+  value = os.environ.get("JAXCC_TIMEOUT_S")
+  if value is None or not value.strip():
+    return 300.0
+  try:
+    seconds = float(value)
+  except ValueError:
+    seconds = float("nan")
+  if not seconds > 0 or seconds == float("inf"):
+    raise ValueError(f"JAXCC_TIMEOUT_S={value!r}: expected a number of seconds > 0")
+  return seconds
