@@ -4,8 +4,10 @@ The ranks of one process share memory, so a collective there needs no
 network schedule: the ranks' calls meet once, each publishes its input and
 output buffers, each computes its own part reading every peer's buffer
 directly (C++, vectorised), and a completion barrier ends the call. Inputs
-and results have their true shapes (no flat in-place buffer), so each
-function here is the FFI call plus free reshapes and bitcasts.
+and results have their true shapes (no flat in-place buffer) and dtypes, so
+each function here is the one FFI call: XLA moves no data into or out of a
+custom call, so 16-bit floats keep their bits without going through uint16
+(``jaxcc._src.bits``), which would cost a copy each way on XLA:CPU.
 
 Sums add, per element, the owner's value first and then ranks ``r-1, r-2,
 ...`` (mod p), where the owner of an element is the rank whose equal shard of
@@ -21,7 +23,13 @@ axes bound (as ``native_executor.run_schedule`` is): ``axis_name`` is one mesh
 axis or a tuple of them (ranks in ``lax.axis_index`` order), ``group_axes``
 the other manual mesh axes as (name, size), in mesh order. Calls take and
 return the program-order token (``compat.PROGRAM_ORDER``), so every device
-runs its jaxcc collectives in program order. Every wait ends within
+runs its jaxcc collectives in program order. With ``ordered=False`` a call
+makes its own token and has no JAX effect: JAX then dispatches the program on
+its fast path (a program with an ordered effect takes the slower Python path,
+0.2 to 0.4 ms per execution on 8 CPU devices, more than the whole collective
+below about 1 MiB per rank) and XLA alone orders the call among the
+program's other side-effecting calls; the caller's primitive must then not
+carry ``PROGRAM_ORDER`` either. Every wait ends within
 ``JAXCC_TIMEOUT_S`` (``config.timeout_s``) with an error naming the rank that
 never arrived.
 """
@@ -38,20 +46,18 @@ from jax import lax
 
 from jaxcc._src import compat, config
 from jaxcc._src import ffi as _ffi  # noqa: F401  (registers jaxcc_local_collective)
-from jaxcc._src.bits import as_bits
 from jaxcc._src.reduce import OPS, SUPPORTED_DTYPES
 
 # The `collective` attribute: the index in kCollectiveNames (xla_ffi/cpu/local_collective.cc).
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "ppermute")
-# XLA_FFI_DataType of the floats the handler takes as bits.
-_FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
 # Op ids count down from -1: instance counters are kept per op id, and jaxcc_collective's
 # count up from 1.
 _op_ids = itertools.count(-1, -1)
 
 
 def all_reduce(x: jax.Array, axis_name, axis_size: int,
-               group_axes: tuple[tuple[str, int], ...], op: str = "sum") -> jax.Array:
+               group_axes: tuple[tuple[str, int], ...], op: str = "sum", *,
+               ordered: bool = True) -> jax.Array:
   """The ``op`` ("sum", "max" or "min") of ``x`` over the ranks; ``lax.psum``'s result shape.
 
   Rank r reduces shard r (``N / p`` elements, N = ``x.size``) of every rank's
@@ -59,12 +65,12 @@ def all_reduce(x: jax.Array, axis_name, axis_size: int,
   writes ``(p-1) N / p`` into its peers' memory, in one step.
   """
   _check_reducible("jaxcc.all_reduce", x, op)
-  return _call(x, x.shape, "all_reduce", axis_name, axis_size, group_axes, op=op)
+  return _call(x, x.shape, "all_reduce", axis_name, axis_size, group_axes, ordered, op=op)
 
 
 def reduce_scatter(x: jax.Array, axis_name, axis_size: int,
                    group_axes: tuple[tuple[str, int], ...], scatter_dimension: int, tiled: bool,
-                   op: str = "sum") -> jax.Array:
+                   op: str = "sum", *, ordered: bool = True) -> jax.Array:
   """``lax.psum_scatter`` (with ``op``): rank r gets block r of ``scatter_dimension``, reduced.
 
   Rank r reads block r of every rank's ``x`` (``N`` elements in all, N =
@@ -83,13 +89,13 @@ def reduce_scatter(x: jax.Array, axis_name, axis_size: int,
     shape[dim] //= axis_size
   else:
     del shape[dim]
-  return _call(x, tuple(shape), "reduce_scatter", axis_name, axis_size, group_axes, op=op,
-               outer=math.prod(x.shape[:dim]))
+  return _call(x, tuple(shape), "reduce_scatter", axis_name, axis_size, group_axes, ordered,
+               op=op, outer=math.prod(x.shape[:dim]))
 
 
 def all_gather(x: jax.Array, axis_name, axis_size: int,
-               group_axes: tuple[tuple[str, int], ...], gather_dimension: int,
-               tiled: bool) -> jax.Array:
+               group_axes: tuple[tuple[str, int], ...], gather_dimension: int, tiled: bool, *,
+               ordered: bool = True) -> jax.Array:
   """``lax.all_gather``: block q of ``gather_dimension`` is rank q's ``x``.
 
   Rank r copies every rank's ``x`` into its own result (``p N`` elements read,
@@ -102,21 +108,23 @@ def all_gather(x: jax.Array, axis_name, axis_size: int,
     shape[dim] *= axis_size
   else:
     shape.insert(dim, axis_size)
-  return _call(x, tuple(shape), "all_gather", axis_name, axis_size, group_axes,
+  return _call(x, tuple(shape), "all_gather", axis_name, axis_size, group_axes, ordered,
                outer=math.prod(x.shape[:dim]))
 
 
 def broadcast(x: jax.Array, axis_name, axis_size: int,
-              group_axes: tuple[tuple[str, int], ...], root: int) -> jax.Array:
+              group_axes: tuple[tuple[str, int], ...], root: int, *,
+              ordered: bool = True) -> jax.Array:
   """Every rank gets rank ``root``'s ``x``: each copies the root's ``N`` elements, one step."""
   if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not (
       0 <= root < axis_size):
     raise ValueError(f"jaxcc.broadcast: root must be a rank in [0, {axis_size}), got {root!r}")
-  return _call(x, x.shape, "broadcast", axis_name, axis_size, group_axes, root=int(root))
+  return _call(x, x.shape, "broadcast", axis_name, axis_size, group_axes, ordered,
+               root=int(root))
 
 
 def ppermute(x: jax.Array, axis_name, axis_size: int, group_axes: tuple[tuple[str, int], ...],
-             perm) -> jax.Array:
+             perm, *, ordered: bool = True) -> jax.Array:
   """``lax.ppermute``: rank ``dst`` gets rank ``src``'s ``x`` for each pair; zeros if none.
 
   Each receiving rank copies its source's ``N`` elements, in one step.
@@ -131,24 +139,22 @@ def ppermute(x: jax.Array, axis_name, axis_size: int, group_axes: tuple[tuple[st
                        f"destination; got {perm!r}")
     seen.add(src)
     sources[dst] = src
-  return _call(x, x.shape, "ppermute", axis_name, axis_size, group_axes, sources=tuple(sources))
+  return _call(x, x.shape, "ppermute", axis_name, axis_size, group_axes, ordered,
+               sources=tuple(sources))
 
 
-def _call(x, out_shape, collective, axis_name, axis_size, group_axes, *, op="sum", outer=1,
-          root=0, sources=()):
+def _call(x, out_shape, collective, axis_name, axis_size, group_axes, ordered, *, op="sum",
+          outer=1, root=0, sources=()):
   """One ``jaxcc_local_collective`` call: this rank, its group, and the collective's attributes."""
-  bits = as_bits(x)  # 16-bit floats cross as their bits; `dtype` names them for the reduction
-  dtype_id = _FFI_FLOAT_TYPES[np.dtype(x.dtype)] if bits.dtype != x.dtype else 0
   rank = lax.axis_index(axis_name).astype(jnp.int32)
   group = jnp.int32(0)
   for name, size in group_axes:
     group = group * size + lax.axis_index(name).astype(jnp.int32)
-  out = local_collective_p.bind(
-      bits, rank, group, out_shape=tuple(out_shape), collective=_COLLECTIVES.index(collective),
-      nranks=int(axis_size), op_id=next(_op_ids), op=OPS[op], dtype=dtype_id, outer=int(outer),
-      root=int(root), sources=tuple(sources),
-      timeout_ms=int(math.ceil(config.timeout_s() * 1000)))
-  return lax.bitcast_convert_type(out, x.dtype) if dtype_id else out
+  return local_collective_p.bind(
+      x, rank, group, out_shape=tuple(out_shape), collective=_COLLECTIVES.index(collective),
+      nranks=int(axis_size), op_id=next(_op_ids), op=OPS[op], outer=int(outer), root=int(root),
+      sources=tuple(sources), timeout_ms=int(math.ceil(config.timeout_s() * 1000)),
+      ordered=bool(ordered))
 
 
 def _check_reducible(api: str, x, op: str) -> None:
@@ -165,19 +171,23 @@ def _check_dimension(api: str, name: str, dim, ndim: int) -> int:
   return int(dim) % ndim
 
 
-# The FFI call as a primitive with jaxcc's ordered effect: its lowering takes and returns the
-# program-order token (the handler's first operand and result).
+# The FFI call as a primitive; with `ordered`, it has jaxcc's ordered effect and its lowering
+# takes and returns the program-order token (the handler's first operand and result).
 local_collective_p = compat.Primitive("jaxcc_local_collective")
 local_collective_p.def_effectful_abstract_eval(
-    lambda x, rank, group, *, out_shape, **_: (x.update(shape=out_shape),
-                                               {compat.PROGRAM_ORDER}))
-_lower_ffi = compat.ordered_ffi_lowering("jaxcc_local_collective", has_side_effect=True)
+    lambda x, rank, group, *, out_shape, ordered, **_: (
+        x.update(shape=out_shape), {compat.PROGRAM_ORDER} if ordered else set()))
+_LOWERINGS = {
+    True: compat.ordered_ffi_lowering("jaxcc_local_collective", has_side_effect=True),
+    False: compat.unordered_ffi_lowering("jaxcc_local_collective", has_side_effect=True),
+}
 
 
-def _lower(ctx, x, rank, group, *, out_shape, sources, **attrs):
+def _lower(ctx, x, rank, group, *, out_shape, sources, ordered, **attrs):
   del out_shape  # in ctx.avals_out
-  return _lower_ffi(ctx, x, rank, group, sources=np.asarray(sources, np.int64).reshape(-1),
-                    **{k: np.int64(v) for k, v in attrs.items()})
+  return _LOWERINGS[ordered](ctx, x, rank, group,
+                             sources=np.asarray(sources, np.int64).reshape(-1),
+                             **{k: np.int64(v) for k, v in attrs.items()})
 
 
 compat.mlir.register_lowering(local_collective_p, _lower, platform="cpu")

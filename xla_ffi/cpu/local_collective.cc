@@ -20,11 +20,12 @@
 //
 // Operands: the program-order token, x, this rank and its group (int32
 // scalars). Attributes: `collective` (kCollectiveNames' index), `nranks`,
-// `op_id`, `op` (jaxcc/reduce.h ReduceOp), `dtype` (0: x's own, else the FFI
-// type whose bits x holds, for the reduction), `outer` (reduce_scatter and
+// `op_id`, `op` (jaxcc/reduce.h ReduceOp), `outer` (reduce_scatter and
 // all_gather: x or y is [outer, p, block]; the other [outer, block]), `root`
 // (broadcast), `sources` (ppermute: the rank each rank receives from, -1:
-// none; empty otherwise) and `timeout_ms` (every wait's limit).
+// none; empty otherwise) and `timeout_ms` (every wait's limit). 16-bit floats
+// come as they are: XLA moves no data into or out of a custom call, so their
+// bits (NaN payloads, subnormals) reach the copies unchanged.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -62,23 +63,23 @@ constexpr const char* kCollectiveNames[] = {"all_reduce", "reduce_scatter", "all
 // written to the p outputs.
 constexpr size_t kChunkBytes = size_t{64} << 10;
 // How long a wait spins (yielding the core) before it sleeps.
-constexpr auto kSpin = std::chrono::microseconds(200);
+constexpr auto kSpin = std::chrono::microseconds(50);
 
 // What every rank of one call must agree on.
 struct Signature {
-  int64_t collective, nranks, op, dtype, itemsize, in_elems, out_elems, outer, root;
+  int64_t collective, nranks, op, dtype, in_elems, out_elems, outer, root;
   std::vector<int64_t> sources;
 
   bool operator==(const Signature& o) const {
     return collective == o.collective && nranks == o.nranks && op == o.op && dtype == o.dtype &&
-           itemsize == o.itemsize && in_elems == o.in_elems && out_elems == o.out_elems &&
+           in_elems == o.in_elems && out_elems == o.out_elems &&
            outer == o.outer && root == o.root && sources == o.sources;
   }
   std::string Describe() const {
     return std::string(kCollectiveNames[collective]) + " of " + std::to_string(nranks) +
            " ranks, " + std::to_string(in_elems) + " -> " + std::to_string(out_elems) +
-           " elements of " + std::to_string(itemsize) + " bytes (op " + std::to_string(op) +
-           ", dtype " + std::to_string(dtype) + ", outer " + std::to_string(outer) + ", root " +
+           " elements of " + DataTypeName(static_cast<ffi::DataType>(dtype)) + " (op " +
+           std::to_string(op) + ", outer " + std::to_string(outer) + ", root " +
            std::to_string(root) + ")";
   }
 };
@@ -187,10 +188,11 @@ void Leave(const InProcessTransport::Key& key, Meeting& m) {
 }
 
 // Rank r's part of the collective, reading and writing the published buffers.
-ffi::Error Work(const Meeting& m, int r, ffi::DataType dtype) {
+ffi::Error Work(const Meeting& m, int r) {
   const Signature& s = m.sig;
   const int p = static_cast<int>(s.nranks);
-  const size_t w = static_cast<size_t>(s.itemsize);
+  const ffi::DataType dtype = static_cast<ffi::DataType>(s.dtype);
+  const size_t w = ffi::ByteWidth(dtype);
   const ReduceOp op = static_cast<ReduceOp>(s.op);
   // The reduction order: the owner first, then r-1, r-2, ... (sum); 0, 1, ... (max, min).
   std::vector<int> order(p);
@@ -308,25 +310,20 @@ ffi::Error LocalCollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
                                ffi::Buffer<ffi::S32> rank_buf, ffi::Buffer<ffi::S32> group_buf,
                                ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                                int64_t collective, int64_t nranks, int64_t op_id, int64_t op,
-                               int64_t dtype_id, int64_t outer, int64_t root,
+                               int64_t outer, int64_t root,
                                ffi::Span<const int64_t> sources, int64_t timeout_ms) {
   const std::string name =
       collective >= 0 && collective <= kPpermute ? kCollectiveNames[collective] : "collective";
   const std::string what = "jaxcc." + name + " (in-process, op " + std::to_string(op_id) + ")";
   const int rank = rank_buf.typed_data()[0];
   const int64_t group = group_buf.typed_data()[0];
-  const ffi::DataType dtype =
-      dtype_id ? static_cast<ffi::DataType>(dtype_id) : x.element_type();
-  if (y->element_type() != x.element_type() ||
-      ffi::ByteWidth(dtype) != ffi::ByteWidth(x.element_type())) {
-    return ffi::Error::InvalidArgument(what + ": the result and the dtype must have the "
-                                       "operand's element type and width");
+  if (y->element_type() != x.element_type()) {
+    return ffi::Error::InvalidArgument(what + ": the result must have the operand's dtype");
   }
   Signature sig{collective,
                 nranks,
                 op,
-                static_cast<int64_t>(dtype),
-                static_cast<int64_t>(ffi::ByteWidth(x.element_type())),
+                static_cast<int64_t>(x.element_type()),
                 static_cast<int64_t>(x.element_count()),
                 static_cast<int64_t>(y->element_count()),
                 outer,
@@ -349,7 +346,7 @@ ffi::Error LocalCollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
   }
   if (err.empty()) err = WaitAll(*m, 1, rank, timeout, what);
   if (err.empty()) {
-    ffi::Error work = Work(*m, rank, dtype);
+    ffi::Error work = Work(*m, rank);
     if (work.failure()) err = what + ", rank " + std::to_string(rank) + ": " + work.message();
     Advance(*m, rank, 2);
     const std::string done = WaitAll(*m, 2, rank, timeout, what);
@@ -376,7 +373,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccLocalCollective, jaxcc::LocalCollectiveImpl,
                                   .Attr<int64_t>("nranks")
                                   .Attr<int64_t>("op_id")
                                   .Attr<int64_t>("op")               // ReduceOp
-                                  .Attr<int64_t>("dtype")            // 0: x's, else the elements'
                                   .Attr<int64_t>("outer")
                                   .Attr<int64_t>("root")
                                   .Attr<ffi::Span<const int64_t>>("sources")
