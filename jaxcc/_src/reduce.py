@@ -22,6 +22,9 @@ run to run.
 
 in the accumulator dtype, rounded once. So NaNs are skipped (all-NaN gives
 -inf for max), of -0.0 and +0.0 the first wins, and a single input is a copy.
+A subnormal result (in the accumulator dtype: f32 for bf16) is flushed to
+zero of its sign, as the max / min instruction does on XLA:CPU's threads,
+which treat subnormal operands as zero (and compare them so, here too).
 """
 
 from __future__ import annotations
@@ -126,6 +129,8 @@ def reduce_reference(inputs: Sequence[jax.Array], op: str = "sum") -> jax.Array:
   for x in inputs:
     x = x.astype(acc_dtype)
     acc = jnp.where(acc < x if op == "max" else x < acc, x, acc)
+  if jnp.issubdtype(acc_dtype, jnp.floating):
+    acc = jnp.where(jnp.abs(acc) < jnp.finfo(acc_dtype).tiny, jnp.copysign(0, acc).astype(acc_dtype), acc)
   return acc.astype(dtype)
 
 

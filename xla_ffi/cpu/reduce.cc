@@ -8,8 +8,10 @@
 // every inner loop is straight-line streaming code the compiler vectorises,
 // each input is read from memory once, and the output is written once.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -17,6 +19,10 @@
 #include "jaxcc/reduce.h"
 #include "reduce_host.h"
 #include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -26,11 +32,31 @@ namespace {
 constexpr size_t kBlock = 2048;  // elements per block: 8 KiB of f32 accumulator
 constexpr size_t kGroup = 4;     // inputs streamed together in one pass over a block
 
+// Whether this thread treats subnormal operands as zero (x86 MXCSR.DAZ,
+// AArch64 FPCR.FZ): XLA:CPU sets it on the threads that run handlers.
+bool ThreadFlushesSubnormals() {
+#if defined(__x86_64__) || defined(__i386__)
+  return (_mm_getcsr() & 0x0040u) != 0;
+#elif defined(__aarch64__)
+  return ((__builtin_aarch64_get_fpcr() >> 24) & 1u) != 0;
+#else
+  return false;
+#endif
+}
+
+// +-0 for a subnormal a (its sign kept), else a.
+template <typename A>
+inline A FlushSubnormal(A a) {
+  return std::fabs(a) < std::numeric_limits<A>::min() ? std::copysign(A(0), a) : a;
+}
+
 // One pass over a block of m elements: a = (first pass ? x0 : acc) + x1 + ...
 // (+ standing for kOp's step), then acc = a, or out = round(a) on the last
-// pass. Fixed arity, so the loop body is straight-line code and vectorises.
+// pass (max / min results flushed to zero if subnormal and `flush`: a max or
+// min instruction returns a subnormal operand flushed where operands are).
+// Fixed arity, so the loop body is straight-line code and vectorises.
 template <ReduceOp kOp, typename T, bool kFirst, bool kLast, typename... Ts>
-inline void Pass(Accumulator<T>* __restrict acc, T* __restrict out, size_t m,
+inline void Pass(Accumulator<T>* __restrict acc, T* __restrict out, size_t m, bool flush,
                  const T* __restrict x0, const Ts* __restrict... xs) {
   using A = Accumulator<T>;
   for (size_t i = 0; i < m; ++i) {
@@ -38,6 +64,9 @@ inline void Pass(Accumulator<T>* __restrict acc, T* __restrict out, size_t m,
                  : AccumulatorCombine<kOp>(acc[i], ToAccumulator(x0[i]));
     ((a = AccumulatorCombine<kOp>(a, ToAccumulator(xs[i]))), ...);  // left to right
     if constexpr (kLast) {
+      if constexpr (kOp != ReduceOp::kSum && std::is_floating_point_v<A>) {
+        if (flush) a = FlushSubnormal(a);
+      }
       out[i] = FromAccumulator<T>(a);
     } else {
       acc[i] = a;
@@ -46,12 +75,13 @@ inline void Pass(Accumulator<T>* __restrict acc, T* __restrict out, size_t m,
 }
 
 template <ReduceOp kOp, typename T, bool kFirst, bool kLast>
-void PassGroup(Accumulator<T>* acc, T* out, size_t m, const T* const* x, size_t count) {
+void PassGroup(Accumulator<T>* acc, T* out, size_t m, bool flush, const T* const* x,
+               size_t count) {
   switch (count) {
-    case 1: return Pass<kOp, T, kFirst, kLast>(acc, out, m, x[0]);
-    case 2: return Pass<kOp, T, kFirst, kLast>(acc, out, m, x[0], x[1]);
-    case 3: return Pass<kOp, T, kFirst, kLast>(acc, out, m, x[0], x[1], x[2]);
-    default: return Pass<kOp, T, kFirst, kLast>(acc, out, m, x[0], x[1], x[2], x[3]);
+    case 1: return Pass<kOp, T, kFirst, kLast>(acc, out, m, flush, x[0]);
+    case 2: return Pass<kOp, T, kFirst, kLast>(acc, out, m, flush, x[0], x[1]);
+    case 3: return Pass<kOp, T, kFirst, kLast>(acc, out, m, flush, x[0], x[1], x[2]);
+    default: return Pass<kOp, T, kFirst, kLast>(acc, out, m, flush, x[0], x[1], x[2], x[3]);
   }
 }
 
@@ -70,7 +100,8 @@ void PassGroup(Accumulator<T>* acc, T* out, size_t m, const T* const* x, size_t 
 
 // k >= 2 inputs of n elements, block by block, kGroup inputs per pass.
 template <ReduceOp kOp, typename T>
-JAXCC_CPU_CLONES void ReduceBlocked(const T* const* inputs, size_t k, T* out, size_t n) {
+JAXCC_CPU_CLONES void ReduceBlocked(const T* const* inputs, size_t k, T* out, size_t n,
+                                    bool flush) {
   static_assert(kGroup == 4, "PassGroup handles up to 4 inputs");
   using A = Accumulator<T>;
   alignas(64) A scratch[kBlock];
@@ -82,13 +113,13 @@ JAXCC_CPU_CLONES void ReduceBlocked(const T* const* inputs, size_t k, T* out, si
       for (size_t j = 0; j < count; ++j) x[j] = inputs[first + j] + base;
       const bool is_first = first == 0, is_last = first + count == k;
       if (is_first && is_last) {
-        PassGroup<kOp, T, true, true>(scratch, out + base, m, x, count);
+        PassGroup<kOp, T, true, true>(scratch, out + base, m, flush, x, count);
       } else if (is_first) {
-        PassGroup<kOp, T, true, false>(scratch, out + base, m, x, count);
+        PassGroup<kOp, T, true, false>(scratch, out + base, m, flush, x, count);
       } else if (is_last) {
-        PassGroup<kOp, T, false, true>(scratch, out + base, m, x, count);
+        PassGroup<kOp, T, false, true>(scratch, out + base, m, flush, x, count);
       } else {
-        PassGroup<kOp, T, false, false>(scratch, out + base, m, x, count);
+        PassGroup<kOp, T, false, false>(scratch, out + base, m, flush, x, count);
       }
     }
   }
@@ -103,6 +134,7 @@ ffi::Error ReduceTyped(const void* const* inputs, size_t k, void* out, size_t n)
     std::memcpy(dst, inputs[0], n * sizeof(T));
     return ffi::Error::Success();
   }
+  const bool flush = kOp != ReduceOp::kSum && ThreadFlushesSubnormals();
   std::vector<const T*> typed(k);
   bool aliased = false;
   for (size_t j = 0; j < k; ++j) {
@@ -110,7 +142,7 @@ ffi::Error ReduceTyped(const void* const* inputs, size_t k, void* out, size_t n)
     aliased |= typed[j] == dst;
   }
   if (!aliased) {
-    ReduceBlocked<kOp>(typed.data(), k, dst, n);
+    ReduceBlocked<kOp>(typed.data(), k, dst, n, flush);
     return ffi::Error::Success();
   }
   // out is an input: reduce block by block from a copy of the block, so no
@@ -121,7 +153,7 @@ ffi::Error ReduceTyped(const void* const* inputs, size_t k, void* out, size_t n)
     const size_t m = std::min(kBlock, n - base);
     std::memcpy(copy.data(), dst + base, m * sizeof(T));
     for (size_t j = 0; j < k; ++j) shifted[j] = typed[j] == dst ? copy.data() : typed[j] + base;
-    ReduceBlocked<kOp>(shifted.data(), k, dst + base, m);
+    ReduceBlocked<kOp>(shifted.data(), k, dst + base, m, flush);
   }
   return ffi::Error::Success();
 }
