@@ -3,18 +3,18 @@
 For each collective and each size from 4 KiB to 64 MiB per rank (x4 steps),
 one jitted shard_map program runs the collective once; each variant runs
 ``--repeats`` times after a warm-up, the variants taking turns call by call,
-and the median wall times are compared in the same run. The size is the buffer each
-rank works on: all_reduce's float32 input, reduce_scatter's input,
-all_gather's result, broadcast's and ppermute's array. The lax baselines:
-``psum``, ``psum_scatter(tiled=True)``, ``all_gather(tiled=True)``,
+and the median wall times are compared in the same run. The size is the
+buffer each rank works on: all_reduce's float32 input, reduce_scatter's
+input, all_gather's result, broadcast's and ppermute's array. The lax
+baselines: ``psum``, ``psum_scatter(tiled=True)``, ``all_gather(tiled=True)``,
 ``all_gather(x)[root]`` (jaxcc's algorithm="lax" broadcast) and a ring
 ``ppermute``. A third variant, "lax+order", is the same lax collective inside
 a jaxcc primitive (``algorithm="lax"``; for ppermute ``jaxcc.ppermute``,
 which runs lax.ppermute within a process): it pays what every jaxcc
 collective pays for the program-order effect (JAX dispatches programs with
 an ordered effect on its slower Python path), so local / lax+order is the
-cost of the in-process handler itself. Writes ``local_collectives.json`` (and ``.png`` with
-matplotlib) next to this file.
+cost of the in-process handler itself. Writes ``local_collectives.json``
+(and ``.png`` with matplotlib) next to this file.
 Run: ``.venv/bin/python benchmarks/local_collectives.py``.
 """
 
@@ -51,10 +51,9 @@ RING = tuple((i, (i + 1) % P_RANKS) for i in range(P_RANKS))
 
 def _variants(mesh):
   """collective -> (per-rank input elements for n result-buffer elements, lax fn,
-  lax fn inside a jaxcc primitive, local fn(b, ordered))."""
+  lax fn inside a jaxcc primitive, local fn)."""
   def local(fn, out_shape, **kwargs):
-    return lambda b, ordered: local_harness.call(fn, b, "x", mesh, out_shape(b), ordered=ordered,
-                                                 **kwargs)
+    return lambda b: local_harness.call(fn, b, "x", mesh, out_shape(b), **kwargs)
   return {
       "all_reduce": (lambda n: n, lambda b: lax.psum(b, "x"),
                      lambda b: jaxcc.all_reduce(b, "x", algorithm="lax"),
@@ -99,11 +98,10 @@ def main():
   mesh = jax.make_mesh((P_RANKS,), ("x",))
   results = []
   print(f"{'collective':<15} {'bytes/rank':>10} {'lax ms':>8} {'+order':>8} {'local':>8} "
-        f"{'unord.':>8} {'local/lax':>9} {'local/+ord':>10} {'unord/lax':>9}")
+        f"{'local/lax':>9} {'local/+ord':>10}")
   for name in args.collectives.split(","):
     per_rank, lax_fn, ordered_lax_fn, local_fn = _variants(mesh)[name]
-    variants = {"lax": lax_fn, "lax+order": ordered_lax_fn,
-                "local": lambda b: local_fn(b, True), "unordered": lambda b: local_fn(b, False)}
+    variants = {"lax": lax_fn, "lax+order": ordered_lax_fn, "local": local_fn}
     for nbytes in [s for s in SIZES if s <= args.max_bytes]:
       n_in = per_rank(nbytes // 4)
       host = np.random.default_rng(0).normal(size=(P_RANKS * n_in,)).astype(np.float32)
@@ -114,13 +112,11 @@ def main():
       med = _time(fns, x, args.repeats)
       row = {"collective": name, "bytes_per_rank": nbytes, "lax_s": med["lax"],
              "lax_ordered_s": med["lax+order"], "local_s": med["local"],
-             "unordered_s": med["unordered"], "ratio": med["local"] / med["lax"],
-             "ratio_vs_ordered_lax": med["local"] / med["lax+order"],
-             "unordered_ratio": med["unordered"] / med["lax"]}
+             "ratio": med["local"] / med["lax"],
+             "ratio_vs_ordered_lax": med["local"] / med["lax+order"]}
       print(f"{name:<15} {nbytes:>10} " + " ".join(
-          f"{med[k] * 1e3:>8.3f}" for k in ("lax", "lax+order", "local", "unordered")) +
-            f" {row['ratio']:>9.2f} {row['ratio_vs_ordered_lax']:>10.2f}"
-            f" {row['unordered_ratio']:>9.2f}", flush=True)
+          f"{med[k] * 1e3:>8.3f}" for k in ("lax", "lax+order", "local")) +
+            f" {row['ratio']:>9.2f} {row['ratio_vs_ordered_lax']:>10.2f}", flush=True)
       results.append(row)
       del x, fns
   out = HERE / "local_collectives.json"
@@ -136,13 +132,13 @@ def main():
   for i, name in enumerate(dict.fromkeys(r["collective"] for r in results)):
     rows = [r for r in results if r["collective"] == name]
     sizes = [r["bytes_per_rank"] for r in rows]
-    ax.plot(sizes, [r["ratio"] for r in rows], "o-", color=f"C{i}", label=name)
-    ax.plot(sizes, [r["unordered_ratio"] for r in rows], "o--", color=f"C{i}",
-            label=f"{name}, ordered=False")
+    ax.plot(sizes, [r["ratio"] for r in rows], "o-", color=f"C{i}", label=f"{name} / lax")
+    ax.plot(sizes, [r["ratio_vs_ordered_lax"] for r in rows], "o--", color=f"C{i}",
+            label=f"{name} / lax+order")
   ax.axhline(1.0, color="gray", lw=0.8)
   ax.set_xscale("log", base=2)
   ax.set_xlabel("bytes per rank")
-  ax.set_ylabel("in-process time / lax time (median)")
+  ax.set_ylabel("in-process time / lax time (medians)")
   ax.set_title(f"in-process executor vs lax, {P_RANKS} CPU devices")
   ax.legend()
   fig.tight_layout()

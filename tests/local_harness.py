@@ -2,7 +2,7 @@
 
 ``call`` binds a tiny primitive whose CPU lowering runs one of the module's
 five functions with the mesh axes bound, as a jaxcc collective's lowering
-rule does; with ``ordered=False`` it has no effect, like the call.
+rule does.
 """
 
 import math
@@ -28,9 +28,8 @@ def call(fn: str, x, axis_name, mesh, out_shape, **kwargs):
                        out_shape=tuple(out_shape), axis_name=axis_name, group_axes=group_axes)
 
 
-def _abstract_eval(x, *, out_shape, kwargs, **_):
-  ordered = dict(kwargs).get("ordered", True)  # the effect of the call it lowers to
-  return x.update(shape=out_shape), {compat.PROGRAM_ORDER} if ordered else set()
+def _abstract_eval(x, *, out_shape, **_):
+  return x.update(shape=out_shape), {compat.PROGRAM_ORDER}
 
 
 def _lower(ctx, x, *, mesh_axes, fn, kwargs, out_shape, axis_name, group_axes):

@@ -293,22 +293,33 @@ def test_inside_fori_loop_and_scan():
   assert_bits(outs[2], outs[3], "fori_loop")
 
 
-def test_unordered_calls_equal_ordered_ones():
+def test_executions_dispatched_back_to_back_all_complete(monkeypatch):
+  """Many executions in flight at once, each with independent collectives: every one meets its
+  own peers (the program-order token keeps one device's executions from overlapping)."""
+  monkeypatch.setenv("JAXCC_TIMEOUT_S", "20")
   p = 8
   mesh = mesh_of(p)
-  host = host_data(np.random.default_rng([SEED, 7]), (p * 100,), "bfloat16")
+  ring = tuple((i, (i + 1) % p) for i in range(p))
+  hosts = [host_data(np.random.default_rng([SEED, 8, i]), (p * (50 + i),), "float32", special=0)
+           for i in range(3)]
 
-  def body(b):
-    outs = []
-    for ordered in (True, False):
-      outs.append(call("all_reduce", b, "x", mesh, b.shape, ordered=ordered))
-      outs.append(call("all_gather", b, "x", mesh, (p * b.shape[0],), gather_dimension=0,
-                       tiled=True, ordered=ordered))
-    return tuple(outs)
+  def body(a, b, c):
+    return (call("all_reduce", a, "x", mesh, a.shape), call("ppermute", b, "x", mesh, b.shape,
+                                                             perm=ring),
+            call("all_gather", c, "x", mesh, (p * c.shape[0],), gather_dimension=0, tiled=True))
 
-  outs = run(p, body, [host], P("x"), mesh)
-  assert_bits(outs[0], outs[2], "all_reduce")
-  assert_bits(outs[1], outs[3], "all_gather")
+  def reference(a, b, c):
+    return (jaxcc.all_reduce(a, "x", algorithm="direct", executor="xla"),
+            lax.ppermute(b, "x", ring), lax.all_gather(c, "x", tiled=True))
+
+  xs = [jax.device_put(h, NamedSharding(mesh, P("x"))) for h in hosts]
+  f, g = (jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P("x"),) * 3, out_specs=(P("x"),) * 3,
+                                check_vma=False)) for fn in (body, reference))
+  want = [np.asarray(w) for w in g(*xs)]
+  runs = [f(*xs) for _ in range(50)]
+  for outs in runs:
+    for got, w in zip(outs, want):
+      assert_bits(got, w, "back-to-back executions")
 
 
 def test_bad_arguments_fail_at_trace_time():

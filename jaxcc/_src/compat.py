@@ -16,7 +16,6 @@ from jax._src import core as _core
 from jax._src import distributed as _distributed
 from jax._src import effects as _effects
 from jax._src.interpreters import ad, batching, mlir  # noqa: F401  (re-exported)
-from jax._src.lib.mlir.dialects import hlo as _hlo
 from jax.extend.core import Primitive  # noqa: F401  (re-exported)
 
 NamedAxisEffect = _core.NamedAxisEffect
@@ -56,20 +55,6 @@ def ordered_ffi_lowering(target: str, **kwargs) -> Callable:
                              avals_out=[_core.abstract_token, *ctx.avals_out])
     token, *outs = lower(with_token, token, *args, **attrs)
     ctx.set_tokens_out(mlir.TokenSet({PROGRAM_ORDER: token}))
-    return outs
-
-  return rule
-
-
-def unordered_ffi_lowering(target: str, **kwargs) -> Callable:
-  """The lowering rule of a token-taking FFI call outside ``PROGRAM_ORDER``: the call gets a fresh
-  token and its token result is dropped (``kwargs`` as for ``ordered_ffi_lowering``)."""
-  lower = jax.ffi.ffi_lowering(target, **kwargs)
-
-  def rule(ctx, *args, **attrs):
-    with_token = ctx.replace(avals_in=[_core.abstract_token, *ctx.avals_in],
-                             avals_out=[_core.abstract_token, *ctx.avals_out])
-    _, *outs = lower(with_token, _hlo.create_token(), *args, **attrs)
     return outs
 
   return rule

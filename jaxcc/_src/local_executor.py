@@ -23,13 +23,11 @@ axes bound (as ``native_executor.run_schedule`` is): ``axis_name`` is one mesh
 axis or a tuple of them (ranks in ``lax.axis_index`` order), ``group_axes``
 the other manual mesh axes as (name, size), in mesh order. Calls take and
 return the program-order token (``compat.PROGRAM_ORDER``), so every device
-runs its jaxcc collectives in program order. With ``ordered=False`` a call
-makes its own token and has no JAX effect: JAX then dispatches the program on
-its fast path (a program with an ordered effect takes the slower Python path,
-0.2 to 0.4 ms per execution on 8 CPU devices, more than the whole collective
-below about 1 MiB per rank) and XLA alone orders the call among the
-program's other side-effecting calls; the caller's primitive must then not
-carry ``PROGRAM_ORDER`` either. Every wait ends within
+runs its jaxcc collectives in program order, and one execution's calls on a
+device never overlap the next one's (without the token, XLA:CPU may run
+several executions of a program on one device at once, and blocked calls of
+a later one can hold the threads that an earlier one's ranks need: a stall
+until the timeout). Every wait ends within
 ``JAXCC_TIMEOUT_S`` (``config.timeout_s``) with an error naming the rank that
 never arrived.
 """
@@ -56,8 +54,7 @@ _op_ids = itertools.count(-1, -1)
 
 
 def all_reduce(x: jax.Array, axis_name, axis_size: int,
-               group_axes: tuple[tuple[str, int], ...], op: str = "sum", *,
-               ordered: bool = True) -> jax.Array:
+               group_axes: tuple[tuple[str, int], ...], op: str = "sum") -> jax.Array:
   """The ``op`` ("sum", "max" or "min") of ``x`` over the ranks; ``lax.psum``'s result shape.
 
   Rank r reduces shard r (``N / p`` elements, N = ``x.size``) of every rank's
@@ -65,12 +62,12 @@ def all_reduce(x: jax.Array, axis_name, axis_size: int,
   writes ``(p-1) N / p`` into its peers' memory, in one step.
   """
   _check_reducible("jaxcc.all_reduce", x, op)
-  return _call(x, x.shape, "all_reduce", axis_name, axis_size, group_axes, ordered, op=op)
+  return _call(x, x.shape, "all_reduce", axis_name, axis_size, group_axes, op=op)
 
 
 def reduce_scatter(x: jax.Array, axis_name, axis_size: int,
                    group_axes: tuple[tuple[str, int], ...], scatter_dimension: int, tiled: bool,
-                   op: str = "sum", *, ordered: bool = True) -> jax.Array:
+                   op: str = "sum") -> jax.Array:
   """``lax.psum_scatter`` (with ``op``): rank r gets block r of ``scatter_dimension``, reduced.
 
   Rank r reads block r of every rank's ``x`` (``N`` elements in all, N =
@@ -89,13 +86,12 @@ def reduce_scatter(x: jax.Array, axis_name, axis_size: int,
     shape[dim] //= axis_size
   else:
     del shape[dim]
-  return _call(x, tuple(shape), "reduce_scatter", axis_name, axis_size, group_axes, ordered,
+  return _call(x, tuple(shape), "reduce_scatter", axis_name, axis_size, group_axes,
                op=op, outer=math.prod(x.shape[:dim]))
 
 
 def all_gather(x: jax.Array, axis_name, axis_size: int,
-               group_axes: tuple[tuple[str, int], ...], gather_dimension: int, tiled: bool, *,
-               ordered: bool = True) -> jax.Array:
+               group_axes: tuple[tuple[str, int], ...], gather_dimension: int, tiled: bool) -> jax.Array:
   """``lax.all_gather``: block q of ``gather_dimension`` is rank q's ``x``.
 
   Rank r copies every rank's ``x`` into its own result (``p N`` elements read,
@@ -108,23 +104,22 @@ def all_gather(x: jax.Array, axis_name, axis_size: int,
     shape[dim] *= axis_size
   else:
     shape.insert(dim, axis_size)
-  return _call(x, tuple(shape), "all_gather", axis_name, axis_size, group_axes, ordered,
+  return _call(x, tuple(shape), "all_gather", axis_name, axis_size, group_axes,
                outer=math.prod(x.shape[:dim]))
 
 
 def broadcast(x: jax.Array, axis_name, axis_size: int,
-              group_axes: tuple[tuple[str, int], ...], root: int, *,
-              ordered: bool = True) -> jax.Array:
+              group_axes: tuple[tuple[str, int], ...], root: int) -> jax.Array:
   """Every rank gets rank ``root``'s ``x``: each copies the root's ``N`` elements, one step."""
   if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not (
       0 <= root < axis_size):
     raise ValueError(f"jaxcc.broadcast: root must be a rank in [0, {axis_size}), got {root!r}")
-  return _call(x, x.shape, "broadcast", axis_name, axis_size, group_axes, ordered,
+  return _call(x, x.shape, "broadcast", axis_name, axis_size, group_axes,
                root=int(root))
 
 
 def ppermute(x: jax.Array, axis_name, axis_size: int, group_axes: tuple[tuple[str, int], ...],
-             perm, *, ordered: bool = True) -> jax.Array:
+             perm) -> jax.Array:
   """``lax.ppermute``: rank ``dst`` gets rank ``src``'s ``x`` for each pair; zeros if none.
 
   Each receiving rank copies its source's ``N`` elements, in one step.
@@ -139,11 +134,11 @@ def ppermute(x: jax.Array, axis_name, axis_size: int, group_axes: tuple[tuple[st
                        f"destination; got {perm!r}")
     seen.add(src)
     sources[dst] = src
-  return _call(x, x.shape, "ppermute", axis_name, axis_size, group_axes, ordered,
+  return _call(x, x.shape, "ppermute", axis_name, axis_size, group_axes,
                sources=tuple(sources))
 
 
-def _call(x, out_shape, collective, axis_name, axis_size, group_axes, ordered, *, op="sum",
+def _call(x, out_shape, collective, axis_name, axis_size, group_axes, *, op="sum",
           outer=1, root=0, sources=()):
   """One ``jaxcc_local_collective`` call: this rank, its group, and the collective's attributes."""
   rank = lax.axis_index(axis_name).astype(jnp.int32)
@@ -153,8 +148,7 @@ def _call(x, out_shape, collective, axis_name, axis_size, group_axes, ordered, *
   return local_collective_p.bind(
       x, rank, group, out_shape=tuple(out_shape), collective=_COLLECTIVES.index(collective),
       nranks=int(axis_size), op_id=next(_op_ids), op=OPS[op], outer=int(outer), root=int(root),
-      sources=tuple(sources), timeout_ms=int(math.ceil(config.timeout_s() * 1000)),
-      ordered=bool(ordered))
+      sources=tuple(sources), timeout_ms=int(math.ceil(config.timeout_s() * 1000)))
 
 
 def _check_reducible(api: str, x, op: str) -> None:
@@ -171,23 +165,19 @@ def _check_dimension(api: str, name: str, dim, ndim: int) -> int:
   return int(dim) % ndim
 
 
-# The FFI call as a primitive; with `ordered`, it has jaxcc's ordered effect and its lowering
-# takes and returns the program-order token (the handler's first operand and result).
+# The FFI call as a primitive with jaxcc's ordered effect: its lowering takes and returns the
+# program-order token (the handler's first operand and result).
 local_collective_p = compat.Primitive("jaxcc_local_collective")
 local_collective_p.def_effectful_abstract_eval(
-    lambda x, rank, group, *, out_shape, ordered, **_: (
-        x.update(shape=out_shape), {compat.PROGRAM_ORDER} if ordered else set()))
-_LOWERINGS = {
-    True: compat.ordered_ffi_lowering("jaxcc_local_collective", has_side_effect=True),
-    False: compat.unordered_ffi_lowering("jaxcc_local_collective", has_side_effect=True),
-}
+    lambda x, rank, group, *, out_shape, **_: (x.update(shape=out_shape),
+                                               {compat.PROGRAM_ORDER}))
+_lower_ffi = compat.ordered_ffi_lowering("jaxcc_local_collective", has_side_effect=True)
 
 
-def _lower(ctx, x, rank, group, *, out_shape, sources, ordered, **attrs):
+def _lower(ctx, x, rank, group, *, out_shape, sources, **attrs):
   del out_shape  # in ctx.avals_out
-  return _LOWERINGS[ordered](ctx, x, rank, group,
-                             sources=np.asarray(sources, np.int64).reshape(-1),
-                             **{k: np.int64(v) for k, v in attrs.items()})
+  return _lower_ffi(ctx, x, rank, group, sources=np.asarray(sources, np.int64).reshape(-1),
+                    **{k: np.int64(v) for k, v in attrs.items()})
 
 
 compat.mlir.register_lowering(local_collective_p, _lower, platform="cpu")

@@ -130,7 +130,8 @@ def reduce_reference(inputs: Sequence[jax.Array], op: str = "sum") -> jax.Array:
     x = x.astype(acc_dtype)
     acc = jnp.where(acc < x if op == "max" else x < acc, x, acc)
   if jnp.issubdtype(acc_dtype, jnp.floating):
-    acc = jnp.where(jnp.abs(acc) < jnp.finfo(acc_dtype).tiny, jnp.copysign(0, acc).astype(acc_dtype), acc)
+    zero = jnp.copysign(jnp.zeros((), acc_dtype), acc)
+    acc = jnp.where(jnp.abs(acc) < jnp.finfo(acc_dtype).tiny, zero, acc)
   return acc.astype(dtype)
 
 

@@ -109,7 +109,8 @@ ffi::Error Launch(cudaStream_t stream, const InputPointers<T>& in, int k,
   const size_t num_chunks = (n + kVec - 1) / kVec;
   const int blocks = static_cast<int>(
       std::min<size_t>((num_chunks + kThreads - 1) / kThreads, kMaxBlocks));
-  ReduceKernel<kOp, T, kVec, kAccIn, kFinal><<<blocks, kThreads, 0, stream>>>(in, k, acc, acc, out, n);
+  ReduceKernel<kOp, T, kVec, kAccIn, kFinal>
+      <<<blocks, kThreads, 0, stream>>>(in, k, acc, acc, out, n);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? ffi::Error::Success() : CudaError(err, "kernel launch failed");
 }
