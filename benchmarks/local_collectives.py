@@ -10,10 +10,11 @@ baselines: ``psum``, ``psum_scatter(tiled=True)``, ``all_gather(tiled=True)``,
 ``all_gather(x)[root]`` (jaxcc's algorithm="lax" broadcast) and a ring
 ``ppermute``. A third variant, "lax+order", is the same lax collective inside
 a jaxcc primitive (``algorithm="lax"``; for ppermute ``jaxcc.ppermute``,
-which runs lax.ppermute within a process): it pays what every jaxcc
-collective pays for the program-order effect (JAX dispatches programs with
-an ordered effect on its slower Python path), so local / lax+order is the
-cost of the in-process handler itself. Writes ``local_collectives.json``
+which runs lax.ppermute within a process): it pays what a jaxcc collective
+pays around the communication (the program-order effect: JAX dispatches a
+program with an ordered effect on its slower Python path), so local /
+lax+order compares the in-process handler with XLA's collective at equal
+overhead. Writes ``local_collectives.json``
 (and ``.png`` with matplotlib) next to this file.
 Run: ``.venv/bin/python benchmarks/local_collectives.py``.
 """
