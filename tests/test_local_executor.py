@@ -52,16 +52,12 @@ def host_data(rng, shape, dtype, special=0.2):
     info = np.iinfo(dtype)
     return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True).reshape(shape)
   x = (rng.standard_normal(n) * 4).astype(dtype)
-  name = dtype.name if dtype.name in SPECIAL_BITS else None
-  if name:
-    pool = np.array(SPECIAL_BITS[name], uint_of(dtype)).view(dtype)
-    pick = rng.random(n) < special
-    x[pick] = rng.choice(pool, int(pick.sum()))
-  else:  # float64: zeros of both signs, infinities, NaN
-    pool = np.array([0.0, -0.0, np.inf, -np.inf, np.nan])
-    pick = rng.random(n) < special
-    x[pick] = rng.choice(pool, int(pick.sum()))
-  # Small ranges make equal values (and +-0 ties) common for max / min.
+  if dtype.name in SPECIAL_BITS:
+    pool = np.array(SPECIAL_BITS[dtype.name], uint_of(dtype)).view(dtype)
+  else:  # float64: zeros of both signs, infinities, NaN, subnormals
+    pool = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -1e-310])
+  pick = rng.random(n) < special
+  x[pick] = rng.choice(pool, int(pick.sum()))
   return x.reshape(shape)
 
 
