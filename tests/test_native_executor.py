@@ -210,14 +210,16 @@ def test_one_token_orders_every_native_call_of_a_program():
   mesh = mesh_of(4)
 
   def body(a, b):
-    return (jaxcc.all_reduce(a, "x", executor="native"), lax.psum(b, "x"),
+    return (jaxcc.all_reduce(a, "x", algorithm="ring", executor="native"), lax.psum(b, "x"),
             jaxcc.all_gather(b, "x", executor="native"))
 
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")),
                             out_specs=(P(), P(), P("x"))))
   x = jax.device_put(np.arange(8, dtype=np.float32), NamedSharding(mesh, P("x")))
   text = f.lower(x, x).as_text()
-  calls = [line for line in text.splitlines() if "@jaxcc_collective" in line]
+  # The schedule interpreter (jaxcc_collective) and the in-process path (jaxcc_local_collective).
+  calls = [line for line in text.splitlines()
+           if "@jaxcc_collective" in line or "@jaxcc_local_collective" in line]
   assert len(calls) == 2, text
   first = re.match(r"\s*(%\S+?)(?::\d+)?\s*=", calls[0]).group(1)
   assert "!stablehlo.token" in calls[0] and f"({first}#0," in calls[1], calls

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import bitwise
 from bitwise import SPECIAL_BITS, bits, uint_of
 from jaxcc._src import config, ffi
-from jaxcc._src.reduce import reduce_sum, reduce_sum_reference
+from jaxcc._src.reduce import reduce, reduce_reference, reduce_sum, reduce_sum_reference
 
 FLOATS = ("float32", "bfloat16", "float16")
 INTS = ("int32", "uint8", "int8", "uint32")
@@ -225,6 +225,53 @@ class TransformationsTest(parameterized.TestCase):
       assert_same_bits(self, g, t)
 
 
+class ReduceMaxMinTest(parameterized.TestCase):
+  """op="max" / "min": XLA:CPU's all-reduce fold; the kernel, its twin and lax.pmax agree."""
+
+  @parameterized.product(dtype=FLOATS + INTS, k=(1, 2, 3, 5, 9), op=("max", "min"))
+  def test_matches_twin_bit_for_bit(self, dtype, k, op):
+    ffi_op = jax.jit(lambda *xs: reduce(list(xs), op))
+    twin_op = jax.jit(lambda *xs: reduce_reference(list(xs), op))
+    for salt, shape in enumerate(SHAPES):
+      xs = random_inputs(k, shape, dtype, salt)
+      assert_same_bits(self, ffi_op(*xs), twin_op(*xs), f"{op} {dtype} k={k} shape={shape}")
+
+  @parameterized.product(dtype=FLOATS, op=("max", "min"))
+  def test_special_value_pairs_and_16_bit_patterns(self, dtype, op):
+    special = np.array(SPECIAL_BITS[dtype], dtype=uint_of(dtype)).view(jnp.dtype(dtype))
+    a, b = (jnp.asarray(v) for v in zip(*itertools.product(special, repeat=2)))
+    rng = np.random.default_rng([SEED, 5])
+    if dtype != "float32":
+      every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(jnp.dtype(dtype))
+      a = jnp.concatenate([a, jnp.asarray(every)])
+      b = jnp.concatenate([b, jnp.asarray(rng.permutation(every))])
+    for xs in ([a, b], [a, b, a[::-1]]):
+      assert_same_bits(self, reduce(xs, op), reduce_reference(xs, op), f"{op} {dtype}")
+
+  @parameterized.product(dtype=FLOATS + INTS, op=("max", "min"))
+  def test_equals_lax_pmax_pmin_in_rank_order(self, dtype, op):
+    n = 4
+    mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+    rng = np.random.default_rng([SEED, 6])
+    host = random_array(rng, (n, 257), dtype, special_fraction=0.3)
+    if dtype in FLOATS:  # +-0 ties in both orders, all-NaN columns
+      host[:, :3] = 0
+      host[0, 0] = host[n - 1, 1] = np.array(-0.0, host.dtype)
+      host[:, 2] = np.nan
+    pop = jax.lax.pmax if op == "max" else jax.lax.pmin
+    x = jax.device_put(host.reshape(-1), NamedSharding(mesh, P("x")))
+    f = jax.jit(jax.shard_map(lambda v: pop(v, "x"), mesh=mesh, in_specs=P("x"),
+                              out_specs=P("x"), check_vma=False))
+    want = np.asarray(f(x)).reshape(n, -1)[0]
+    assert_same_bits(self, reduce([jnp.asarray(r) for r in host], op), want, f"{op} {dtype}")
+
+  def test_unknown_op(self):
+    with self.assertRaisesRegex(ValueError, "reduce: op must be one of"):
+      reduce([jnp.ones(3)], "prod")
+    with self.assertRaisesRegex(ValueError, "reduce_reference: op must be one of"):
+      reduce_reference([jnp.ones(3)], "mean")
+
+
 class ErrorsTest(parameterized.TestCase):
 
   def test_no_inputs(self):
@@ -252,8 +299,8 @@ class ErrorsTest(parameterized.TestCase):
 
   def test_native_handler_checks(self):
     # The handler validates too, for callers that bypass reduce_sum.
-    call = lambda dtype, *xs: jax.ffi.ffi_call(
-        "jaxcc_reduce", jax.ShapeDtypeStruct((3,), dtype))(*xs)
+    call = lambda dtype, *xs, op=0: jax.ffi.ffi_call(
+        "jaxcc_reduce", jax.ShapeDtypeStruct((3,), dtype))(*xs, op=np.int64(op))
     with self.assertRaisesRegex(Exception, "needs at least one input"):
       call(jnp.float32)
     with self.assertRaisesRegex(Exception, "input 1 has dtype float16"):
@@ -262,6 +309,8 @@ class ErrorsTest(parameterized.TestCase):
       call(jnp.float32, jnp.ones(4))
     with self.assertRaisesRegex(Exception, "unsupported dtype bool"):
       call(jnp.bool_, jnp.ones(3, bool), jnp.ones(3, bool))
+    with self.assertRaisesRegex(Exception, "unknown reduction op 3"):
+      call(jnp.float32, jnp.ones(3), op=3)
 
 
 class NativeModuleTest(absltest.TestCase):

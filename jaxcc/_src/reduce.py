@@ -1,4 +1,4 @@
-"""Elementwise sum of k same-shaped arrays, in a fixed order, with one rounding.
+"""Elementwise sum (or max, min) of k same-shaped arrays, in a fixed order, with one rounding.
 
 ``reduce_sum`` runs the ``jaxcc_reduce`` FFI op (C++ on CPU, CUDA on GPU);
 ``reduce_sum_reference`` is its pure-JAX twin. Both compute
@@ -12,6 +12,19 @@ dtype. A NaN sum is the first NaN met in that order, quieted (IEEE 754 leaves
 the choice open; the contract fixes it). The executors use this for every
 reduction step of a schedule: a fixed order makes float sums bit-identical from
 run to run.
+
+``reduce`` and ``reduce_reference`` take ``op``: "sum" as above, or "max" /
+"min", XLA:CPU's all-reduce fold in the given order (``lax.pmax`` and
+``lax.pmin`` over ranks in rank order give the same bits)::
+
+  a = -inf (max; +inf for min; the dtype's limits for integers)
+  a = where(a < x_j, x_j, a)   (min: where(x_j < a, x_j, a))   for j = 0 .. k-1
+
+in the accumulator dtype, rounded once. So NaNs are skipped (all-NaN gives
+-inf for max), of -0.0 and +0.0 the first wins, and a single input is a copy.
+A subnormal result (in the accumulator dtype: f32 for bf16) is flushed to
+zero of its sign, as the max / min instruction does on XLA:CPU's threads,
+which treat subnormal operands as zero (and compare them so, here too).
 """
 
 from __future__ import annotations
@@ -24,7 +37,9 @@ import numpy as np
 
 from jaxcc._src import compat, config, ffi
 
-# The dtypes the jaxcc_reduce kernel sums (the native module's reducible_dtypes(), checked when
+# The reductions jaxcc_reduce takes, by their ``op`` attribute (xla_ffi/include/jaxcc/reduce.h).
+OPS = {"sum": 0, "max": 1, "min": 2}
+# The dtypes the jaxcc_reduce kernel reduces (the native module's reducible_dtypes(), checked when
 # it loads).
 REDUCIBLE_DTYPES = tuple(
     np.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64, jnp.int32,
@@ -72,6 +87,55 @@ def reduce_sum_reference(inputs: Sequence[jax.Array]) -> jax.Array:
   return _sum_in_order(_check_inputs(inputs, "reduce_sum_reference"), nan_rule=True)
 
 
+def reduce(inputs: Sequence[jax.Array], op: str = "sum") -> jax.Array:
+  """Reduces k >= 1 arrays elementwise, in order, with ``op`` through the ``jaxcc_reduce`` FFI op.
+
+  "sum" is :func:`reduce_sum`; "max" and "min" are the fold in the module
+  docstring (not differentiable). ``JAXCC_USE_FFI=0`` routes it to
+  :func:`reduce_reference`.
+
+  Args:
+    inputs: as for :func:`reduce_sum`.
+    op: "sum", "max" or "min".
+  """
+  _check_op(op, "reduce")
+  if op == "sum":
+    return reduce_sum(inputs)
+  inputs = _check_inputs(inputs, "reduce")
+  if not config.USE_FFI:
+    return reduce_reference(inputs, op)
+  return _reduce_ffi(*_match_varying_axes(inputs), op=op)
+
+
+def reduce_reference(inputs: Sequence[jax.Array], op: str = "sum") -> jax.Array:
+  """The pure-JAX twin of :func:`reduce`: same order, same accumulation, same bits.
+
+  Args:
+    inputs: as for :func:`reduce_sum`.
+    op: "sum", "max" or "min".
+  """
+  _check_op(op, "reduce_reference")
+  if op == "sum":
+    return reduce_sum_reference(inputs)
+  inputs = _check_inputs(inputs, "reduce_reference")
+  if len(inputs) == 1:
+    return inputs[0]
+  dtype = inputs[0].dtype
+  acc_dtype = accumulator_dtype(dtype)
+  if jnp.issubdtype(acc_dtype, jnp.floating):
+    start = -np.inf if op == "max" else np.inf
+  else:
+    start = np.iinfo(acc_dtype).min if op == "max" else np.iinfo(acc_dtype).max
+  acc = jnp.full(inputs[0].shape, start, acc_dtype)
+  for x in inputs:
+    x = x.astype(acc_dtype)
+    acc = jnp.where(acc < x if op == "max" else x < acc, x, acc)
+  if jnp.issubdtype(acc_dtype, jnp.floating):
+    zero = jnp.copysign(jnp.zeros((), acc_dtype), acc)
+    acc = jnp.where(jnp.abs(acc) < jnp.finfo(acc_dtype).tiny, zero, acc)
+  return acc.astype(dtype)
+
+
 def accumulator_dtype(dtype) -> np.dtype:
   """float32 for 16-bit floats, the dtype itself otherwise."""
   dtype = np.dtype(dtype)
@@ -106,6 +170,11 @@ def _add_nan_first(a: jax.Array, b: jax.Array) -> jax.Array:
 _add_nan_first.defjvps(lambda ta, out, a, b: ta, lambda tb, out, a, b: tb)
 
 
+def _check_op(op, api_name: str) -> None:
+  if op not in OPS:
+    raise ValueError(f"{api_name}: op must be one of {tuple(OPS)}, got {op!r}")
+
+
 def _check_inputs(inputs, api_name: str) -> list[jax.Array]:
   if isinstance(inputs, (jax.Array, np.ndarray)) or not isinstance(inputs, Sequence):
     raise TypeError(f"{api_name}: inputs must be a sequence (list or tuple) of arrays, got "
@@ -137,11 +206,15 @@ def _match_varying_axes(inputs: list[jax.Array]) -> list[jax.Array]:
           for x, a in zip(inputs, axes)]
 
 
-def _reduce_sum_ffi(*inputs: jax.Array) -> jax.Array:
+def _reduce_ffi(*inputs: jax.Array, op: str) -> jax.Array:
   ffi.load()
   # The result has the inputs' type: shape, dtype, sharding and varying axes.
   return jax.ffi.ffi_call("jaxcc_reduce", jax.typeof(inputs[0]),
-                          vmap_method="broadcast_all")(*inputs)
+                          vmap_method="broadcast_all")(*inputs, op=np.int64(OPS[op]))
+
+
+def _reduce_sum_ffi(*inputs: jax.Array) -> jax.Array:
+  return _reduce_ffi(*inputs, op="sum")
 
 
 @jax.custom_jvp

@@ -25,6 +25,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeFixed);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecEncodeEntropy);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeEntropy);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCollective);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccLocalCollective);
 
 namespace {
 
@@ -36,6 +37,7 @@ constexpr jaxcc::Target kTargets[] = {
     {"jaxcc_codec_encode_entropy", JaxccCodecEncodeEntropy},
     {"jaxcc_codec_decode_entropy", JaxccCodecDecodeEntropy},
     {"jaxcc_collective", JaxccCollective},
+    {"jaxcc_local_collective", JaxccLocalCollective},
 };
 
 }  // namespace

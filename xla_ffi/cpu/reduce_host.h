@@ -8,15 +8,17 @@
 #include <cstring>
 #include <string>
 
+#include "jaxcc/reduce.h"
 #include "jaxcc/transport.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcc {
 
 // out = ((inputs[0] + inputs[1]) + ...) + inputs[k-1], n elements of `dtype`,
-// as jaxcc_reduce computes it; `out` may be one of the inputs.
+// as jaxcc_reduce computes it (or its max / min fold, `op`); `out` may be one
+// of the inputs.
 xla::ffi::Error ReduceOnHost(xla::ffi::DataType dtype, const void* const* inputs, size_t k,
-                             void* out, size_t n);
+                             void* out, size_t n, ReduceOp op = ReduceOp::kSum);
 
 // The schedule interpreters' kernels on the host: memmove and ReduceOnHost.
 class HostKernels final : public Kernels {

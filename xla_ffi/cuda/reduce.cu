@@ -1,4 +1,5 @@
-// jaxcc_reduce on the GPU: the contract of xla_ffi/include/jaxcc/reduce.h.
+// jaxcc_reduce on the GPU: the contract of xla_ffi/include/jaxcc/reduce.h
+// (sum, max or min: the `op` attribute).
 //
 // One grid-stride kernel. Input pointers travel by value in the kernel
 // parameters (up to kMaxKernelInputs per launch); each thread owns a 16-byte
@@ -39,9 +40,10 @@ struct alignas(sizeof(T) * kVec) Chunk {
   T v[kVec];
 };
 
-// Sums inputs [0, k) of `in`, plus acc_in if kAccIn, into out (rounded, if
-// kFinal) or acc_out. acc_in and acc_out may be the same buffer.
-template <typename T, int kVec, bool kAccIn, bool kFinal>
+// Reduces inputs [0, k) of `in` with kOp, continuing from acc_in if kAccIn,
+// into out (rounded, if kFinal) or acc_out. acc_in and acc_out may be the same
+// buffer.
+template <ReduceOp kOp, typename T, int kVec, bool kAccIn, bool kFinal>
 __global__ void __launch_bounds__(kThreads)
     ReduceKernel(const __grid_constant__ InputPointers<T> in, int k,
                  const Accumulator<T>* acc_in, Accumulator<T>* acc_out, T* __restrict__ out,
@@ -59,14 +61,16 @@ __global__ void __launch_bounds__(kThreads)
       const V x0 = reinterpret_cast<const V*>(in.ptr[0])[c];
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        acc[e] = kAccIn ? AccumulatorAdd(acc_in[i0 + e], ToAccumulator(x0.v[e]))
-                        : ToAccumulator(x0.v[e]);
+        acc[e] = kAccIn ? AccumulatorCombine<kOp>(acc_in[i0 + e], ToAccumulator(x0.v[e]))
+                        : FoldFirst<kOp>(ToAccumulator(x0.v[e]));
       }
 #pragma unroll 4
       for (int j = 1; j < k; ++j) {
         const V xj = reinterpret_cast<const V*>(in.ptr[j])[c];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[e] = AccumulatorAdd(acc[e], ToAccumulator(xj.v[e]));
+        for (int e = 0; e < kVec; ++e) {
+          acc[e] = AccumulatorCombine<kOp>(acc[e], ToAccumulator(xj.v[e]));
+        }
       }
       if constexpr (kFinal) {
         V o;
@@ -79,9 +83,11 @@ __global__ void __launch_bounds__(kThreads)
       }
     } else {  // the partial last chunk
       for (size_t i = i0; i < n; ++i) {
-        A acc = kAccIn ? AccumulatorAdd(acc_in[i], ToAccumulator(in.ptr[0][i]))
-                       : ToAccumulator(in.ptr[0][i]);
-        for (int j = 1; j < k; ++j) acc = AccumulatorAdd(acc, ToAccumulator(in.ptr[j][i]));
+        A acc = kAccIn ? AccumulatorCombine<kOp>(acc_in[i], ToAccumulator(in.ptr[0][i]))
+                       : FoldFirst<kOp>(ToAccumulator(in.ptr[0][i]));
+        for (int j = 1; j < k; ++j) {
+          acc = AccumulatorCombine<kOp>(acc, ToAccumulator(in.ptr[j][i]));
+        }
         if constexpr (kFinal) {
           out[i] = FromAccumulator<T>(acc);
         } else {
@@ -97,32 +103,33 @@ ffi::Error CudaError(cudaError_t err, const char* what) {
                               cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
-template <typename T, int kVec, bool kAccIn, bool kFinal>
+template <ReduceOp kOp, typename T, int kVec, bool kAccIn, bool kFinal>
 ffi::Error Launch(cudaStream_t stream, const InputPointers<T>& in, int k,
                   Accumulator<T>* acc, T* out, size_t n) {
   const size_t num_chunks = (n + kVec - 1) / kVec;
   const int blocks = static_cast<int>(
       std::min<size_t>((num_chunks + kThreads - 1) / kThreads, kMaxBlocks));
-  ReduceKernel<T, kVec, kAccIn, kFinal><<<blocks, kThreads, 0, stream>>>(in, k, acc, acc, out, n);
+  ReduceKernel<kOp, T, kVec, kAccIn, kFinal>
+      <<<blocks, kThreads, 0, stream>>>(in, k, acc, acc, out, n);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? ffi::Error::Success() : CudaError(err, "kernel launch failed");
 }
 
 // One pass over inputs [first, first + count).
-template <typename T, int kVec>
+template <ReduceOp kOp, typename T, int kVec>
 ffi::Error LaunchPass(cudaStream_t stream, const std::vector<const void*>& inputs, size_t first,
                       int count, bool acc_in, bool final, Accumulator<T>* acc, T* out, size_t n) {
   InputPointers<T> in{};
   for (int j = 0; j < count; ++j) in.ptr[j] = static_cast<const T*>(inputs[first + j]);
   if (!acc_in) {
-    return final ? Launch<T, kVec, false, true>(stream, in, count, acc, out, n)
-                 : Launch<T, kVec, false, false>(stream, in, count, acc, out, n);
+    return final ? Launch<kOp, T, kVec, false, true>(stream, in, count, acc, out, n)
+                 : Launch<kOp, T, kVec, false, false>(stream, in, count, acc, out, n);
   }
-  return final ? Launch<T, kVec, true, true>(stream, in, count, acc, out, n)
-               : Launch<T, kVec, true, false>(stream, in, count, acc, out, n);
+  return final ? Launch<kOp, T, kVec, true, true>(stream, in, count, acc, out, n)
+               : Launch<kOp, T, kVec, true, false>(stream, in, count, acc, out, n);
 }
 
-template <typename T>
+template <ReduceOp kOp, typename T>
 ffi::Error ReduceOnStream(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                           const std::vector<const void*>& inputs, T* out, size_t n) {
   using A = Accumulator<T>;
@@ -146,30 +153,20 @@ ffi::Error ReduceOnStream(cudaStream_t stream, ffi::ScratchAllocator& scratch,
     const bool acc_in = first > 0;
     const bool final = first + count == k;
     ffi::Error err =
-        aligned ? LaunchPass<T, kVec>(stream, inputs, first, count, acc_in, final, acc, out, n)
-                : LaunchPass<T, 1>(stream, inputs, first, count, acc_in, final, acc, out, n);
+        aligned
+            ? LaunchPass<kOp, T, kVec>(stream, inputs, first, count, acc_in, final, acc, out, n)
+            : LaunchPass<kOp, T, 1>(stream, inputs, first, count, acc_in, final, acc, out, n);
     if (err.failure()) return err;
   }
   return ffi::Error::Success();
 }
 
 ffi::Error ReduceImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
-                      ffi::Result<ffi::AnyBuffer> out) {
+                      ffi::Result<ffi::AnyBuffer> out, int64_t op) {
   ffi::ErrorOr<ReduceArgs> parsed = ParseReduceArgs(args, *out);
   if (!parsed.has_value()) return parsed.error();
-  const std::vector<const void*>& inputs = parsed->inputs;
-  const size_t n = parsed->element_count;
-  return DispatchReduceType(out->element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::Type;
-    T* dst = static_cast<T*>(out->untyped_data());
-    if (n == 0) return ffi::Error::Success();
-    if (inputs.size() == 1) {
-      const cudaError_t err = cudaMemcpyAsync(dst, inputs[0], n * sizeof(T),
-                                              cudaMemcpyDeviceToDevice, stream);
-      return err == cudaSuccess ? ffi::Error::Success() : CudaError(err, "cudaMemcpyAsync failed");
-    }
-    return ReduceOnStream<T>(stream, scratch, inputs, dst, n);
-  });
+  return ReduceOnCudaStream(stream, scratch, out->element_type(), parsed->inputs,
+                            out->untyped_data(), parsed->element_count, static_cast<ReduceOp>(op));
 }
 
 }  // namespace
@@ -180,7 +177,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccReduceCuda, jaxcc::ReduceImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
                                   .Ctx<ffi::ScratchAllocator>()              // scratch
                                   .RemainingArgs()                           // inputs: k >= 1
-                                  .Ret<ffi::AnyBuffer>());                   // out
+                                  .Ret<ffi::AnyBuffer>()                     // out
+                                  .Attr<int64_t>("op"));  // 0: sum, 1: max, 2: min
 
 namespace jaxcc {
 
@@ -188,18 +186,21 @@ namespace jaxcc {
 // k >= 1 inputs (k == 1 is a copy), on `stream`.
 ffi::Error ReduceOnCudaStream(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                               ffi::DataType dtype, const std::vector<const void*>& inputs,
-                              void* out, size_t n) {
+                              void* out, size_t n, ReduceOp op) {
   return DispatchReduceType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::Type;
-    T* dst = static_cast<T*>(out);
-    if (n == 0 || inputs.empty()) return ffi::Error::Success();
-    if (inputs.size() == 1) {
-      if (inputs[0] == out) return ffi::Error::Success();
-      const cudaError_t err = cudaMemcpyAsync(dst, inputs[0], n * sizeof(T),
-                                              cudaMemcpyDeviceToDevice, stream);
-      return err == cudaSuccess ? ffi::Error::Success() : CudaError(err, "cudaMemcpyAsync failed");
-    }
-    return ReduceOnStream<T>(stream, scratch, inputs, dst, n);
+    return DispatchReduceOp(static_cast<int64_t>(op), "jaxcc_reduce", [&](auto kind) {
+      T* dst = static_cast<T*>(out);
+      if (n == 0 || inputs.empty()) return ffi::Error::Success();
+      if (inputs.size() == 1) {
+        if (inputs[0] == out) return ffi::Error::Success();
+        const cudaError_t err = cudaMemcpyAsync(dst, inputs[0], n * sizeof(T),
+                                                cudaMemcpyDeviceToDevice, stream);
+        return err == cudaSuccess ? ffi::Error::Success()
+                                  : CudaError(err, "cudaMemcpyAsync failed");
+      }
+      return ReduceOnStream<decltype(kind)::value, T>(stream, scratch, inputs, dst, n);
+    });
   });
 }
 

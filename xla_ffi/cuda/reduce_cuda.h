@@ -7,16 +7,18 @@
 #include <cstddef>
 #include <vector>
 
+#include "jaxcc/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcc {
 
-// out = the sum of `inputs` (each n elements of `dtype`) in order, by the
-// contract of jaxcc/reduce.h, enqueued on `stream`; out may be inputs[0].
-// Scratch is needed only for more than 64 inputs.
+// out = the sum (or max / min fold, `op`) of `inputs` (each n elements of
+// `dtype`) in order, by the contract of jaxcc/reduce.h, enqueued on `stream`;
+// out may be inputs[0]. Scratch is needed only for more than 64 inputs.
 xla::ffi::Error ReduceOnCudaStream(cudaStream_t stream, xla::ffi::ScratchAllocator& scratch,
                                    xla::ffi::DataType dtype,
-                                   const std::vector<const void*>& inputs, void* out, size_t n);
+                                   const std::vector<const void*>& inputs, void* out, size_t n,
+                                   ReduceOp op = ReduceOp::kSum);
 
 }  // namespace jaxcc
 

@@ -1,5 +1,6 @@
 // The reduction contract shared by the CPU and CUDA handlers of jaxcc_reduce.
 //
+// op = sum:
 //   out[i] = round(((in[0][i] + in[1][i]) + in[2][i]) + ... + in[k-1][i])
 //
 // The k inputs are added in the given order, in the accumulator type (f32 for
@@ -11,13 +12,25 @@
 // flushes subnormal operands and results of arithmetic (not of conversions) on
 // the threads that run handlers, and so does this code.
 //
-// Per element: ToAccumulator, AccumulatorAdd and FromAccumulator, shared by
+// op = max / min: XLA:CPU's all-reduce fold, in the given order, in the
+// accumulator type:
+//   a = lowest (max) or highest (min) value of the type (-inf / +inf for floats)
+//   a = a < in[j][i] ? in[j][i] : a      (max; min: in[j][i] < a ? in[j][i] : a)
+//   out[i] = round(a)
+// So NaNs are skipped (all NaN gives the fold's start, -inf for max), of
+// equal values (-0.0 and +0.0) the first wins, and on the CPU a subnormal f32
+// (or bf16, as f32) result is flushed to zero where the thread flushes them
+// (XLA:CPU's threads do: the compare-select is one max/min instruction).
+// k == 1 is a copy here too (XLA drops an all-reduce of one rank).
+//
+// Per element: ToAccumulator, AccumulatorCombine and FromAccumulator, shared by
 // the CPU and CUDA kernels. The pure-JAX twin (jaxcc/_src/reduce.py:
-// reduce_sum_reference) does the same operations in the same order, so the two
+// reduce_reference) does the same operations in the same order, so the two
 // are bit-identical.
 #ifndef JAXCC_REDUCE_H_
 #define JAXCC_REDUCE_H_
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -49,6 +62,48 @@ JAXCC_HD inline A AccumulatorAdd(A a, A b) {
     const A sum = a + b;
     return a != a ? QuietNaN(a) : sum;
 #endif
+  }
+}
+
+// The reduction of jaxcc_reduce's `op` attribute.
+enum class ReduceOp : int64_t { kSum = 0, kMax = 1, kMin = 2 };
+
+// The start of the max / min fold: the lowest (kMax) or highest (kMin) value of A.
+template <ReduceOp kOp, typename A>
+JAXCC_HD inline A FoldStart() {
+  static_assert(kOp != ReduceOp::kSum, "a sum starts from its first input");
+  constexpr bool kMax = kOp == ReduceOp::kMax;
+  if constexpr (std::is_floating_point_v<A>) {
+    const A inf = static_cast<A>(HUGE_VAL);
+    return kMax ? -inf : inf;
+  } else if constexpr (std::is_signed_v<A>) {
+    using U = std::make_unsigned_t<A>;
+    const U top = static_cast<U>(U{1} << (8 * sizeof(A) - 1));
+    return static_cast<A>(kMax ? top : static_cast<U>(~top));
+  } else {
+    return kMax ? A{0} : static_cast<A>(~A{0});
+  }
+}
+
+// One step of the fold: a + b, or the max / min rule above (a is the running value).
+template <ReduceOp kOp, typename A>
+JAXCC_HD inline A AccumulatorCombine(A a, A b) {
+  if constexpr (kOp == ReduceOp::kSum) {
+    return AccumulatorAdd(a, b);
+  } else if constexpr (kOp == ReduceOp::kMax) {
+    return a < b ? b : a;
+  } else {
+    return b < a ? b : a;
+  }
+}
+
+// The running value after the first input x.
+template <ReduceOp kOp, typename A>
+JAXCC_HD inline A FoldFirst(A x) {
+  if constexpr (kOp == ReduceOp::kSum) {
+    return x;
+  } else {
+    return AccumulatorCombine<kOp>(FoldStart<kOp, A>(), x);
   }
 }
 
@@ -91,6 +146,23 @@ xla::ffi::Error DispatchReduceType(xla::ffi::DataType dtype, Fn&& fn) {
       return ffi::Error::InvalidArgument("jaxcc_reduce: unsupported dtype " +
                                          DataTypeName(dtype) + " (supported: " + supported + ")");
     }
+  }
+}
+
+// Calls fn(std::integral_constant<ReduceOp, op>{}) for the op id `op`, or
+// returns InvalidArgument naming `what` if it is not one.
+template <typename Fn>
+xla::ffi::Error DispatchReduceOp(int64_t op, const std::string& what, Fn&& fn) {
+  switch (op) {
+    case static_cast<int64_t>(ReduceOp::kSum):
+      return fn(std::integral_constant<ReduceOp, ReduceOp::kSum>{});
+    case static_cast<int64_t>(ReduceOp::kMax):
+      return fn(std::integral_constant<ReduceOp, ReduceOp::kMax>{});
+    case static_cast<int64_t>(ReduceOp::kMin):
+      return fn(std::integral_constant<ReduceOp, ReduceOp::kMin>{});
+    default:
+      return xla::ffi::Error::InvalidArgument(what + ": unknown reduction op " +
+                                              std::to_string(op) + " (0: sum, 1: max, 2: min)");
   }
 }
 
