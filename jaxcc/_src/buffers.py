@@ -2,14 +2,12 @@
 
 A buffer of ``blocks`` blocks that holds this rank's data in one block and
 zeros in the others (``ppermute``: input then output; ``all_gather``: the
-rank's block of the result) is a concatenation, one operand per block.
+rank's block of the result) is a concatenation, one operand per block:
 XLA:CPU copies each operand of a concatenation in its own loop. The other
 spellings of the same buffer, a concatenation with a zero literal (which XLA
 rewrites into a ``pad``) or a ``dynamic_update_slice`` into zeros, become one
-loop over the whole buffer that reads the data under a mask; vectorized, its
-masked loads run past the end of the data, and each one whose lanes fall on
-unmapped pages costs a microcode assist: at 16 MiB per rank that loop took
-10x the time of the copy.
+loop over the whole buffer that reads the data with masked vector loads; with
+16 MiB per rank across 4 processes that loop costs about 10x the copies.
 """
 
 from __future__ import annotations
