@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcc._src import compat, dispatch, local_executor
-from jaxcc._src.bits import as_bits, word_of
+from jaxcc._src.bits import as_bits
+from jaxcc._src.buffers import block_buffer
 from jaxcc.collectives import _args, _buckets
 from jaxcc.topology import Topology
 
@@ -81,7 +82,6 @@ def _run(*xs, gather_dimension, tiled, platform, **params):
   nbytes = p * _buckets.nbytes(xs)
   route = dispatch.choose(_API, "all_gather", params, platform, nbytes)
   dtype = xs[0].dtype
-  word = word_of(dtype)
   # 16-bit floats move as bits (jaxcc._src.bits): only the executor's call sees their float type.
   if route.engine is dispatch.Engine.XLA:
     return [lax.bitcast_convert_type(g, dtype) for g in lax.all_gather(
@@ -93,8 +93,7 @@ def _run(*xs, gather_dimension, tiled, platform, **params):
     full = as_bits(local_executor.all_gather(lax.bitcast_convert_type(flat, dtype), axis_name, p,
                                              params["group_axes"], 0, True))
   else:
-    buf = lax.dynamic_update_slice(jnp.zeros((p * flat.shape[0],), word), flat,
-                                   (lax.axis_index(axis_name) * flat.shape[0],))
+    buf = block_buffer(flat, lax.axis_index(axis_name), p)
     full = as_bits(dispatch.run_schedule(lax.bitcast_convert_type(buf, dtype), route,
                                          "all_gather", params))
   blocks = _buckets.unpack(full, [(p * f.shape[0],) + f.shape[1:] for f in fronts], rows=p)
