@@ -1,42 +1,50 @@
 """The cost model behind ``algorithm="auto"``'s choice of engine (``dispatch``).
 
 Each native engine is compared with XLA's own collective at the size of the
-call, from constants measured side by side on the machines jaxcc runs on
-(``jaxcc bench sweep``): within one process the crossover size above which
-the native in-process path (``local_executor``) is faster than XLA:CPU's
-collective; across CPU processes the size above which the native
-interpreter over TCP is faster than gloo on equal ports (unequal ports are
-the native engine's whole point: its schedules are priced by the simulator).
+call, from times measured side by side on the machines jaxcc runs on: the
+byte ranges (per rank, as ``jaxcc bench sweep`` counts them: the full buffer,
+all_gather's output) in which the native engine was faster. Within one
+process that is the in-process path (``local_executor``, with the
+program-order token it needs: about 0.2 ms per execution) against XLA:CPU's
+collective (``benchmarks/local_collectives.py``); across CPU processes the
+native interpreter over TCP against gloo on equal ports (``jaxcc bench sweep
+--nproc 4``). Unequal ports are the native engine's whole point: there the
+simulator prices its schedules (``dispatch``).
 """
 
 from __future__ import annotations
 
-# Bytes per rank at and above which the native in-process path beats XLA's in-process collective
-# (benchmarks/local_collectives.py, 8 virtual CPU devices on 2 cores: its call plus the
-# program-order token it needs, about 0.2 ms per execution, against XLA's collective; inf where it
-# never won by more than the noise). Broadcast has no XLA collective: an all_gather and a slice.
-LOCAL_MIN_BYTES = {
-    "all_reduce": float("inf"),
-    "reduce_scatter": 16 << 20,
-    "all_gather": float("inf"),
-    "broadcast": 64 << 10,
-    "ppermute": float("inf"),
+_NEVER = (0, 0)
+_ALWAYS = (0, float("inf"))
+
+# [lo, hi) bytes per rank where the in-process path beat XLA's in-process collective (8 virtual
+# CPU devices on 2 cores). Broadcast has no XLA collective: XLA's is an all_gather and a slice.
+LOCAL_RANGE = {
+    "all_reduce": _NEVER,
+    "reduce_scatter": (16 << 20, float("inf")),
+    "all_gather": _NEVER,
+    "broadcast": (64 << 10, float("inf")),
+    "ppermute": _NEVER,
 }
-# Bytes per rank at and above which the Tcp transport beats gloo on equal ports.
-TCP_MIN_BYTES = {
-    "all_reduce": 0,
-    "reduce_scatter": 0,
-    "all_gather": 0,
-    "broadcast": 0,
-    "ppermute": 0,
+# [lo, hi) bytes per rank where the Tcp transport beat gloo on equal ports (4 processes on
+# loopback): gloo's reduce_scatter and broadcast are slow at every size; its ring all_reduce and
+# all_gather win from a few MiB, its ppermute everywhere.
+TCP_RANGE = {
+    "all_reduce": (0, 2 << 20),
+    "reduce_scatter": _ALWAYS,
+    "all_gather": (0, 2 << 20),
+    "broadcast": _ALWAYS,
+    "ppermute": _NEVER,
 }
 # On the GPU a schedule must be priced below this fraction of XLA's NCCL ring to run natively.
 NCCL_MARGIN = 0.95
 
 
 def local_beats_xla(collective: str, nbytes: int) -> bool:
-  return nbytes >= LOCAL_MIN_BYTES[collective]
+  lo, hi = LOCAL_RANGE[collective]
+  return lo <= nbytes < hi
 
 
 def tcp_beats_xla(collective: str, nbytes: int) -> bool:
-  return nbytes >= TCP_MIN_BYTES[collective]
+  lo, hi = TCP_RANGE[collective]
+  return lo <= nbytes < hi

@@ -38,10 +38,10 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
     perm: pairs ``(src, dst)``; each rank at most once as a source and once as
       a destination. Over a tuple of axes ranks are numbered as
       ``lax.ppermute`` numbers them (in the mesh's axis order).
-    executor: "auto" (the engine priced fastest: across processes the native
-      one, so that pieces move over TCP at their encoded size; within a
-      process ``lax.ppermute`` or the native in-process copy), "xla" or
-      "native".
+    executor: "auto" (the engine priced fastest: with a codec the native
+      one, so that pieces move over TCP at their encoded size; otherwise
+      ``lax.ppermute``, which measured faster within a process and over gloo),
+      "xla" or "native".
     codec: None, "fixed" or "entropy" (bf16, f16 and f32 only): lossless
       compression on the wire; the result is the one ``codec=None`` gives,
       bit for bit.
