@@ -4,6 +4,7 @@ Every case is compared with its lax twin on fresh random inputs: bit for bit
 for integers, copies, max and min; within reassociation for float sums.
 """
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -269,3 +270,33 @@ def test_bad_input_fails_at_trace_time(fn, error, match):
   mesh = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])
   with pytest.raises(error, match=match):
     run(fn, mesh, jnp.ones((8, 4)), P("x"), P())
+
+
+# --- never slower: where auto leaves a call to XLA, the program is lax's ----------------------
+
+def _entry(compiled_text):
+  """The compiled entry computation without metadata (names of source lines)."""
+  entry = compiled_text[compiled_text.index("ENTRY"):]
+  return re.sub(r",? metadata=\{[^}]*\}", "", entry)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "ppermute"])
+def test_auto_in_process_compiles_to_lax_program(collective):
+  """In one process auto picks XLA's own collective at these sizes: the same compiled program."""
+  p = 8
+  mesh = jax.make_mesh((p,), ("x",), devices=jax.devices()[:p])
+  perm = [(i, (i + 1) % p) for i in range(p)]
+  ours, theirs = {
+      "all_reduce": (lambda b: jaxcc.all_reduce(b, "x"), lambda b: lax.psum(b, "x")),
+      "reduce_scatter": (lambda b: jaxcc.reduce_scatter(b, "x"),
+                         lambda b: lax.psum_scatter(b, "x", tiled=True)),
+      "all_gather": (lambda b: jaxcc.all_gather(b, "x"), lambda b: lax.all_gather(b, "x",
+                                                                                 tiled=True)),
+      "ppermute": (lambda b: jaxcc.ppermute(b, "x", perm), lambda b: lax.ppermute(b, "x", perm)),
+  }[collective]
+  for n in (1024, 1 << 18):
+    x = jax.device_put(jnp.ones((p * n,), jnp.float32), NamedSharding(mesh, P("x")))
+    texts = [_entry(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                          check_vma=False)).lower(x).compile().as_text())
+             for f in (ours, theirs)]
+    assert texts[0] == texts[1]

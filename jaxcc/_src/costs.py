@@ -21,9 +21,9 @@ _ALWAYS = (0, float("inf"))
 # CPU devices on 2 cores). Broadcast has no XLA collective: XLA's is an all_gather and a slice.
 LOCAL_RANGE = {
     "all_reduce": _NEVER,
-    "reduce_scatter": (16 << 20, float("inf")),
+    "reduce_scatter": (32 << 20, float("inf")),
     "all_gather": _NEVER,
-    "broadcast": (64 << 10, float("inf")),
+    "broadcast": (1 << 20, float("inf")),
     "ppermute": _NEVER,
 }
 # [lo, hi) bytes per rank where the Tcp transport beat gloo on equal ports (4 processes on
