@@ -21,24 +21,21 @@ Run: ``.venv/bin/python examples/diloco_train.py`` (about a minute on 2 cores;
 
 from __future__ import annotations
 
+import argparse
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from pydoc_data import topics
+
+import jaxcc
 from jaxcc._src.devices import use_virtual_cpu_devices
-
-use_virtual_cpu_devices(8)
-
-import argparse  # noqa: E402
-import time  # noqa: E402
-from typing import NamedTuple  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-from pydoc_data import topics  # noqa: E402
-
-import jaxcc  # noqa: E402
 
 AXIS = "x"
 WORKERS = 8
@@ -255,6 +252,7 @@ class Trainer:
 
 
 def main():
+  use_virtual_cpu_devices(WORKERS)
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=200)
   parser.add_argument("--sync-every", type=int, default=20)
