@@ -81,7 +81,8 @@ def main():
       note(f"{label} checked")
       samples = {name: [] for name in fns}
       for rep in range(repeats):
-        for name, f in fns.items():
+        order = list(fns.items())
+        for name, f in order if rep % 2 else order[::-1]:  # each goes first every other time
           if processes > 1:
             line_up(token).block_until_ready()
           start = time.perf_counter()
