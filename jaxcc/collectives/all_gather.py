@@ -54,12 +54,14 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
   leaves = [compat.make_varying(v, axis_name) for v in leaves]
   out = [None] * len(leaves)
   keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
+  # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
+  # do not order their calls against each other must not meet within one call.
+  route_nbytes = params["axis_size"] * _buckets.nbytes(leaves)
   for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
     operands = [leaves[i] for i in bucket]
-    ordered = dispatch.needs_order(_API, "all_gather", params,
-                                   params["axis_size"] * _buckets.nbytes(operands))
+    ordered = dispatch.needs_order(_API, "all_gather", params, route_nbytes)
     results = all_gather_p.bind(*operands, gather_dimension=dims[bucket[0]], tiled=bool(tiled),
-                                ordered=ordered, **params)
+                                ordered=ordered, route_nbytes=route_nbytes, **params)
     for i, r in zip(bucket, results):
       out[i] = r
   return jax.tree.unflatten(tree, out)
@@ -77,10 +79,9 @@ def _abstract_eval(*xs, axes, axis_size, gather_dimension, tiled, **_):
   return outs, {compat.NamedAxisEffect(a) for a, _ in axes}
 
 
-def _run(*xs, gather_dimension, tiled, platform, **params):
+def _run(*xs, gather_dimension, tiled, platform, route_nbytes, **params):
   axis_name, p = params["axis_name"], params["axis_size"]
-  nbytes = p * _buckets.nbytes(xs)
-  route = dispatch.choose(_API, "all_gather", params, platform, nbytes)
+  route = dispatch.choose(_API, "all_gather", params, platform, route_nbytes)
   dtype = xs[0].dtype
   # 16-bit floats move as bits (jaxcc._src.bits): only the executor's call sees their float type.
   if route.engine is dispatch.Engine.XLA:

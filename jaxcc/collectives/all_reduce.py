@@ -70,12 +70,14 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   leaves = [compat.make_varying(v, axis_name) for v in leaves]
   out = [None] * len(leaves)
   reduce_op = "sum" if op == "mean" else op
+  # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
+  # do not order their calls against each other must not meet within one call.
+  route_nbytes = _buckets.nbytes(leaves)
   for bucket in _buckets.buckets(leaves, bucket_bytes):
     operands = [leaves[i] for i in bucket]
-    ordered = dispatch.needs_order(_API, "all_reduce", params, _buckets.nbytes(operands),
-                                   reduce_op)
+    ordered = dispatch.needs_order(_API, "all_reduce", params, route_nbytes, reduce_op)
     results = all_reduce_p.bind(*operands, op=reduce_op, invariant_out=compat.check_vma(),
-                                ordered=ordered, **params)
+                                ordered=ordered, route_nbytes=route_nbytes, **params)
     for i, r in zip(bucket, results):
       out[i] = r / params["axis_size"] if op == "mean" else r
   return jax.tree.unflatten(tree, out)
@@ -88,10 +90,9 @@ def _abstract_eval(*xs, axes, invariant_out, **_):
   return outs, {compat.NamedAxisEffect(a) for a in names}
 
 
-def _run(*xs, platform, op, **params):
+def _run(*xs, platform, op, route_nbytes, **params):
   axis_name = params["axis_name"]
-  nbytes = _buckets.nbytes(xs)
-  route = dispatch.choose(_API, "all_reduce", params, platform, nbytes, op)
+  route = dispatch.choose(_API, "all_reduce", params, platform, route_nbytes, op)
   if route.engine is dispatch.Engine.XLA:
     return list(_LAX[op](list(xs), axis_name))
   flat = _buckets.pack(xs)

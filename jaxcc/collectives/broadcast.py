@@ -86,7 +86,7 @@ def _transpose(cts, x, *, axes, axis_name, root, invariant_out, **params):
     total = jax.lax.pcast(ct, tuple(a for a, _ in axes), to="varying")
   else:  # each rank holds the cotangent of its own copy
     total, = all_reduce_p.bind(ct, axes=axes, axis_name=axis_name, op="sum",
-                               invariant_out=False, **params)
+                               invariant_out=False, route_nbytes=_buckets.nbytes([ct]), **params)
   return [jnp.where(lax.axis_index(axis_name) == root, total, jnp.zeros_like(total))]
 
 

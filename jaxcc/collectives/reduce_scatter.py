@@ -68,12 +68,15 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
   out = [None] * len(leaves)
   keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
   reduce_op = "sum" if op == "mean" else op
+  # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
+  # do not order their calls against each other must not meet within one call.
+  route_nbytes = _buckets.nbytes(leaves)
   for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
     operands = [leaves[i] for i in bucket]
-    ordered = dispatch.needs_order(_API, "reduce_scatter", params, _buckets.nbytes(operands),
-                                   reduce_op)
+    ordered = dispatch.needs_order(_API, "reduce_scatter", params, route_nbytes, reduce_op)
     results = reduce_scatter_p.bind(*operands, scatter_dimension=dims[bucket[0]],
-                                    tiled=bool(tiled), op=reduce_op, ordered=ordered, **params)
+                                    tiled=bool(tiled), op=reduce_op, ordered=ordered,
+                                    route_nbytes=route_nbytes, **params)
     for i, r in zip(bucket, results):
       out[i] = r / size if op == "mean" else r
   return jax.tree.unflatten(tree, out)
@@ -91,10 +94,9 @@ def _abstract_eval(*xs, axes, axis_size, scatter_dimension, tiled, **_):
   return outs, {compat.NamedAxisEffect(a) for a, _ in axes}
 
 
-def _run(*xs, scatter_dimension, tiled, op, platform, **params):
+def _run(*xs, scatter_dimension, tiled, op, platform, route_nbytes, **params):
   axis_name, p = params["axis_name"], params["axis_size"]
-  nbytes = _buckets.nbytes(xs)
-  route = dispatch.choose(_API, "reduce_scatter", params, platform, nbytes, op)
+  route = dispatch.choose(_API, "reduce_scatter", params, platform, route_nbytes, op)
   if route.engine is dispatch.Engine.XLA:
     if op == "sum":
       return list(lax.psum_scatter(list(xs), axis_name, scatter_dimension=scatter_dimension,
