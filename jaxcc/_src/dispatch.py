@@ -45,9 +45,6 @@ class Engine(enum.Enum):
   TWIN = "twin"
 
 
-SCHEDULE_ENGINES = (Engine.INPROCESS, Engine.TCP, Engine.NCCL, Engine.TWIN)
-
-
 @dataclasses.dataclass(frozen=True)
 class Route:
   """An engine and what it needs: ``procs``, the process of every rank of every group (TCP)."""
