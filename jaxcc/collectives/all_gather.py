@@ -57,9 +57,9 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
   route_nbytes = params["axis_size"] * _buckets.nbytes(leaves)
+  ordered = dispatch.needs_order(_API, "all_gather", params, route_nbytes)
   for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
     operands = [leaves[i] for i in bucket]
-    ordered = dispatch.needs_order(_API, "all_gather", params, route_nbytes)
     results = all_gather_p.bind(*operands, gather_dimension=dims[bucket[0]], tiled=bool(tiled),
                                 ordered=ordered, route_nbytes=route_nbytes, **params)
     for i, r in zip(bucket, results):

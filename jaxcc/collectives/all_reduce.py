@@ -73,9 +73,9 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
   route_nbytes = _buckets.nbytes(leaves)
+  ordered = dispatch.needs_order(_API, "all_reduce", params, route_nbytes, reduce_op)
   for bucket in _buckets.buckets(leaves, bucket_bytes):
     operands = [leaves[i] for i in bucket]
-    ordered = dispatch.needs_order(_API, "all_reduce", params, route_nbytes, reduce_op)
     results = all_reduce_p.bind(*operands, op=reduce_op, invariant_out=compat.check_vma(),
                                 ordered=ordered, route_nbytes=route_nbytes, **params)
     for i, r in zip(bucket, results):

@@ -71,9 +71,9 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
   route_nbytes = _buckets.nbytes(leaves)
+  ordered = dispatch.needs_order(_API, "reduce_scatter", params, route_nbytes, reduce_op)
   for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
     operands = [leaves[i] for i in bucket]
-    ordered = dispatch.needs_order(_API, "reduce_scatter", params, route_nbytes, reduce_op)
     results = reduce_scatter_p.bind(*operands, scatter_dimension=dims[bucket[0]],
                                     tiled=bool(tiled), op=reduce_op, ordered=ordered,
                                     route_nbytes=route_nbytes, **params)
