@@ -215,8 +215,10 @@ def ppermute(x, axis_name, perm):
   every rank as ``lax.axis_index`` does and translates here.
   """
   order = ppermute_order(axis_name)
-  if order is not None:
+  if order is not None:  # lax.ppermute over the axes in mesh order (jax 0.12 requires that order)
     perm = tuple((order[s], order[d]) for s, d in perm)
+    position = {a: i for i, a in enumerate(jax.sharding.get_abstract_mesh().axis_names)}
+    axis_name = tuple(sorted(axis_name, key=position.__getitem__))
   return jax.lax.ppermute(x, axis_name, perm)
 
 
