@@ -14,6 +14,7 @@ import functools
 from jaxcc import sim
 from jaxcc.schedules.depth import choose_chunks
 from jaxcc.schedules.direct import direct, direct_broadcast
+from jaxcc.schedules.hierarchical import hierarchical
 from jaxcc.schedules.ir import Schedule, check_perm
 from jaxcc.schedules.optcc import optcc
 from jaxcc.schedules.permute import permute
@@ -22,13 +23,14 @@ from jaxcc.schedules.ring import chain_broadcast, ring
 from jaxcc.topology import Topology
 
 ALGORITHMS = {
-    "all_reduce": ("ring", "direct", "optcc", "r2ccl"),
-    "reduce_scatter": ("ring", "direct"),
-    "all_gather": ("ring", "direct"),
+    "all_reduce": ("ring", "direct", "optcc", "r2ccl", "hierarchical"),
+    "reduce_scatter": ("ring", "direct", "hierarchical"),
+    "all_gather": ("ring", "direct", "hierarchical"),
     "broadcast": ("ring", "direct"),
     "ppermute": ("direct",),
 }
-# What "auto" chooses among: every algorithm but the baselines kept for comparison.
+# What "auto" chooses among: every algorithm but the baselines kept for comparison, and
+# "hierarchical" where the topology has several clusters (``candidates``).
 AUTO_CANDIDATES = {
     "all_reduce": ("ring", "direct", "optcc"),
     "reduce_scatter": ("ring", "direct"),
@@ -91,13 +93,21 @@ def auto_algorithm(collective: str, length: int, itemsize: int, topology: Topolo
                    api: str = "jaxcc.plan") -> str:
   """The algorithm "auto" stands for: the candidate with the smallest simulated time.
 
-  The candidates are priced at depth ``chunks`` (None: each at the depth
-  ``choose_chunks`` picks, as the Tcp transport runs them); ties go to the
-  first of ``AUTO_CANDIDATES[collective]``.
+  The candidates (``candidates``) are priced at depth ``chunks`` (None: each
+  at the depth ``choose_chunks`` picks, as the Tcp transport runs them); ties
+  go to the first.
   """
   root, chunks, perm = _arguments(collective, length, itemsize, topology, "auto", root,
                                   chunks, perm, api)
   return _pick(collective, length, itemsize, topology, root, chunks, perm, api)
+
+
+def candidates(collective: str, topology: Topology) -> tuple[str, ...]:
+  """The algorithms "auto" prices for ``collective`` on ``topology``."""
+  names = AUTO_CANDIDATES[collective]
+  if topology.num_clusters > 1 and "hierarchical" in ALGORITHMS[collective]:
+    names += ("hierarchical",)
+  return names
 
 
 def check_algorithm(collective: str, algorithm: str, api: str) -> None:
@@ -148,7 +158,7 @@ def _arguments(collective, length, itemsize, topology, algorithm, root, chunks, 
 
 
 def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> str:
-  for name in AUTO_CANDIDATES[collective]:  # validated here, so errors name `api`
+  for name in candidates(collective, topology):  # validated here, so errors name `api`
     _build(collective, length, itemsize, topology, name, root, chunks, perm).validate(api)
   return _cheapest(collective, length, itemsize, topology, root, chunks, perm)
 
@@ -156,7 +166,7 @@ def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> st
 @functools.lru_cache(maxsize=256)
 def _cheapest(collective, length, itemsize, topology, root, chunks, perm) -> str:
   best = None
-  for name in AUTO_CANDIDATES[collective]:
+  for name in candidates(collective, topology):
     sched = _build(collective, length, itemsize, topology, name, root, chunks, perm)
     t = sim.simulate(sched, topology).time
     if best is None or t < best[0]:
@@ -178,6 +188,8 @@ def _build(collective, length, itemsize, topology, algorithm, root, chunks, perm
     return ring(collective, length, p, itemsize, chunks)
   if algorithm == "direct":
     return direct(collective, length, p, itemsize, chunks)
+  if algorithm == "hierarchical":
+    return hierarchical(collective, length, itemsize, chunks, topology)
   if algorithm == "optcc":
     return optcc(length, p, itemsize, chunks, topology.bandwidth)
   return r2ccl(length, p, itemsize, chunks, topology.bandwidth)

@@ -6,7 +6,8 @@ MODE "check": every collective and algorithm with the native executor (TCP
 between processes, InProcess within one), the XLA executor and lax on odd
 shapes; native must equal XLA bit for bit and lax up to reassociation. Then
 buffers large enough for pipelined (chunked) schedules, pieces encoded on the wire
-(codec="fixed"/"entropy" equal raw bit for bit), a 2-D mesh inside a scan, back-to-back executions, and processes that plan
+(codec="fixed"/"entropy" equal raw bit for bit), a 2-D mesh inside a scan, hierarchical
+collectives over clusters, back-to-back executions, and processes that plan
 different schedules (a clear error). Prints "OK".
 MODE "kill": after one native all_reduce the last process exits; the others
 run another and print "FAILED after <s> s: <error>".
@@ -194,6 +195,40 @@ def check_2d_mesh_in_scan(shape):
   assert all(native[k].tobytes() == xla[k].tobytes() for k in native), "2-D mesh: native != xla"
 
 
+def check_hierarchical():
+  """Hierarchical collectives across processes, native bit for bit against the XLA twin.
+
+  Clusters 3+5 along "x" span processes (the whole schedule, pipelined over
+  TCP); over ("dcn", "ici") on (P/2, 2) each cluster is one process (intra on
+  XLA, the cross phase over TCP); on (2, P/2) the clusters span processes.
+  """
+  rng = np.random.default_rng(4)
+  layouts = [(jax.make_mesh((P_ALL,), ("x",)), "x",
+              jaxcc.Topology.clusters([3, P_ALL - 3], 1e10, 1e9)),
+             (jax.make_mesh((P_ALL // LDEV, LDEV), ("dcn", "ici")), ("dcn", "ici"), None),
+             (jax.make_mesh((2, P_ALL // 2), ("dcn", "ici")), ("dcn", "ici"), None)]
+  for mesh, axes, topo in layouts:
+    kw = dict(algorithm="hierarchical", topology=topo)
+    named = [("all_reduce", lambda b, e: jaxcc.all_reduce(b, axes, executor=e, **kw),
+              lambda b: lax.psum(b, axes), (P_ALL * (1 << 18),)),
+             ("reduce_scatter", lambda b, e: jaxcc.reduce_scatter(b, axes, executor=e, **kw),
+              lambda b: lax.psum_scatter(b, axes, tiled=True), (P_ALL * P_ALL * 999,)),
+             ("all_gather", lambda b, e: jaxcc.all_gather(b, axes, executor=e, **kw),
+              lambda b: lax.all_gather(b, axes, tiled=True), (P_ALL * 1001,))]
+    for name, fn, ref, shape in named:
+      x = put(mesh, rng.normal(size=shape).astype(np.float32), P(axes))
+      got = {}
+      for executor in ("native", "xla", "lax"):
+        body = ref if executor == "lax" else (lambda b, e=executor: fn(b, e))
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axes), out_specs=P(axes),
+                                  check_vma=False))
+        got[executor] = shards(f(x))
+      for k in got["native"]:
+        assert got["native"][k].tobytes() == got["xla"][k].tobytes(), (
+            f"hierarchical {name} over {axes}: native != xla")
+        np.testing.assert_allclose(got["native"][k], got["lax"][k], rtol=1e-5, atol=1e-4)
+
+
 def check_back_to_back(mesh):
   """Executions dispatched without waiting in between keep their own data."""
   f = jax.jit(jax.shard_map(lambda b: jaxcc.all_reduce(b, "x", algorithm="direct",
@@ -252,6 +287,7 @@ def main():
   check_codecs(mesh)
   check_2d_mesh_in_scan((2, P_ALL // 2))
   check_2d_mesh_in_scan((P_ALL // 2, LDEV))
+  check_hierarchical()
   check_back_to_back(mesh)
   check_different_schedules(mesh)
   assert _jaxcc_cpu.tcp_process() == PID, "the TCP transport did not start"

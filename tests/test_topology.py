@@ -23,9 +23,10 @@ def test_several_stragglers_and_repeats():
 def test_from_bandwidths_and_clusters():
   t = Topology.from_bandwidths([1.0, 2.0], recv_bandwidths=[3.0, 4.0])
   assert t.bandwidth == (1.0, 2.0)
-  c = Topology.clusters([2, 3], bandwidth=[5.0, 7.0])
+  c = Topology.clusters([2, 3], intra_bandwidth=[5.0, 7.0], inter_bandwidth=1.0)
   assert c.cluster == (0, 0, 1, 1, 1)
   assert c.bandwidth == (5.0, 5.0, 7.0, 7.0, 7.0)
+  assert c.inter_bandwidth == (1.0,) * 5
 
 
 def test_hashable_and_equal():
@@ -52,10 +53,10 @@ def test_hashable_and_equal():
      r"^jaxcc.Topology.from_bandwidths: send_bandwidth\[1\] must be a finite number > 0"),
     (lambda: Topology.from_bandwidths([1.0, 2.0], recv_bandwidths=[1.0]),
      "^jaxcc.Topology.from_bandwidths: send_bandwidth, recv_bandwidth and latency need one entry"),
-    (lambda: Topology.clusters([2, 0], 1.0), "^jaxcc.Topology.clusters: number of ranks"),
-    (lambda: Topology.clusters([2, 2], [1.0, "fast"]),
-     r"^jaxcc.Topology.clusters: bandwidth\[1\] must be a finite number > 0"),
-    (lambda: Topology.clusters([2, 2], [1.0]), "^jaxcc.Topology.clusters: 2 clusters but 1"),
+    (lambda: Topology.clusters([2, 0], 1.0, 1.0), "^jaxcc.Topology.clusters: number of ranks"),
+    (lambda: Topology.clusters([2, 2], [1.0, "fast"], 1.0),
+     r"^jaxcc.Topology.clusters: intra_bandwidth\[1\] must be a finite number > 0"),
+    (lambda: Topology.clusters([2, 2], [1.0], 1.0), "^jaxcc.Topology.clusters: 2 clusters but 1"),
     (lambda: Topology((1.0,), (1.0,), (-1.0,)), r"^jaxcc.Topology: latency\[0\] must be"),
     (lambda: Topology((), (), ()), "^jaxcc.Topology: needs at least one rank"),
 ])

@@ -12,6 +12,12 @@ Engines:
   Schedule (``native_executor``) over the InProcess transport (an explicit
   algorithm within one process), the Tcp transport (ranks in several
   processes; the schedule pipelined over chunks) or the Nccl transport (CUDA).
+* ``BORDER``: a hierarchical collective over a tuple of mesh axes whose
+  outer groups are the clusters (``border_executor``): the intra-cluster
+  phases on XLA's collective over the inner axes, the cross-cluster phase on
+  ``cross`` (INPROCESS, TCP or NCCL) over the outer axis. Chosen where every
+  cluster lies within one process (or on the GPU, where the inner axes are
+  NCCL's), with the bits of the full schedule.
 * ``TWIN``: the Schedule on XLA's collectives (``xla_executor``): the
   oracle, and the path where no native transport runs.
 
@@ -26,31 +32,29 @@ never choose engines; engines never choose algorithms.
 from __future__ import annotations
 
 import dataclasses
-import enum
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxcc import planner
-from jaxcc._src import compat, costs, native_executor, nccl_bootstrap, xla_executor
+from jaxcc._src import (border_executor, compat, costs, native_executor, nccl_bootstrap,
+                        xla_executor)
+from jaxcc._src.engines import Engine
 from jaxcc.sim import simulate
-
-
-class Engine(enum.Enum):
-  XLA = "xla"
-  LOCAL = "local"
-  INPROCESS = "inprocess"
-  TCP = "tcp"
-  NCCL = "nccl"
-  TWIN = "twin"
 
 
 @dataclasses.dataclass(frozen=True)
 class Route:
-  """An engine and what it needs: ``procs``, the process of every rank of every group (TCP)."""
+  """An engine and what it needs: ``procs``, the process of every rank of every group (TCP;
+  of the outer axis for BORDER); ``cross``, BORDER's engine across clusters; ``full``, the
+  route of the whole schedule where BORDER cannot cut a buffer into equal tiles."""
 
   engine: Engine
   procs: np.ndarray | None = None
+  cross: Engine | None = None
+  full: Route | None = None
 
 
 def needs_order(api: str, collective: str, params: dict, nbytes: int, op: str = "sum") -> bool:
@@ -98,15 +102,21 @@ def choose(api: str, collective: str, params: dict, platform: str | None, nbytes
                                 f"'xla'")
     xla_runs = algorithm == "auto" and params.get("codec") is None
     return Route(Engine.XLA if xla_runs else Engine.TWIN)
-  if executor == "native" or algorithm != "auto" or params.get("codec") is not None:
+  if not (executor == "native" or algorithm != "auto" or params.get("codec") is not None
+          or _native_pays(collective, native.engine, params, nbytes)):
+    return Route(Engine.XLA)
+  if (at_trace or native.engine is Engine.LOCAL
+      or not _runs_hierarchical(collective, algorithm, params, nbytes)):
     return native
-  return native if _native_pays(collective, native.engine, params, nbytes) else Route(Engine.XLA)
+  return _border_route(collective, params, platform, native, op) or native
 
 
 def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *, root: int = 0,
                  perm=None, op: str = "sum") -> jax.Array:
   """Run ``collective`` on the flat ``buf`` on a schedule engine: the planned algorithm, in one
   chunk, or pipelined over chunks on TCP (whose steps overlap)."""
+  if route.engine is Engine.BORDER:
+    return _run_border(buf, route, collective, params)
   length = buf.shape[0] // 2 if collective == "ppermute" else buf.shape[0]
   topology = params["topology"]
   itemsize = np.dtype(buf.dtype).itemsize
@@ -129,6 +139,60 @@ def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *,
     return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"],
                                         route.procs, topology, params.get("codec"))
   return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"])
+
+
+def _run_border(buf, route, collective, params):
+  """BORDER with ``run_schedule``'s buffers (reduce_scatter: this rank's tile in place), or the
+  full schedule where the buffer does not cut into equal tiles of the inner group."""
+  p = params["axis_size"]
+  inner = p // params["axes"][0][1]
+  if collective == "all_reduce":
+    if buf.shape[0] % inner:
+      return run_schedule(buf, route.full, collective, params)
+    return border_executor.all_reduce(buf, route, params)
+  tile = buf.shape[0] // p
+  start = lax.axis_index(params["axis_name"]) * tile
+  if collective == "reduce_scatter":
+    mine = border_executor.reduce_scatter(buf, route, params)
+    return lax.dynamic_update_slice_in_dim(jnp.zeros_like(buf), mine, start, 0)
+  return border_executor.all_gather(lax.dynamic_slice_in_dim(buf, start, tile), route, params)
+
+
+def _runs_hierarchical(collective, algorithm, params, nbytes) -> bool:
+  if algorithm == "auto" and collective in ("all_reduce", "reduce_scatter", "all_gather"):
+    length = max(nbytes // 4, params["axis_size"])
+    length -= length % params["axis_size"]
+    algorithm = planner.auto_algorithm(collective, length, 4, params["topology"])
+  return algorithm == "hierarchical"
+
+
+def _border_route(collective: str, params: dict, platform: str, native: Route,
+                  op: str) -> Route | None:
+  """BORDER where the clusters are the outer axis' groups, with equal ports (so equal tiles),
+  each cluster inside one process or on the GPU; else None."""
+  axes, topology = params["axes"], params["topology"]
+  if len(axes) < 2 or op != "sum" or params.get("codec") is not None:
+    return None
+  clusters = axes[0][1]
+  n = params["axis_size"] // clusters
+  if topology.cluster != tuple(r // n for r in range(params["axis_size"])):
+    return None
+  for c in range(clusters):
+    ranks = topology.cluster_ranks(c)
+    ports = {(topology.send_bandwidth[r], topology.recv_bandwidth[r],
+              topology.inter_send_bandwidth[r], topology.inter_recv_bandwidth[r]) for r in ranks}
+    if len(ports) != 1 or 0.0 in next(iter(ports)):
+      return None
+  outer = axes[0][0]
+  if native.engine is Engine.NCCL:
+    return Route(Engine.BORDER, cross=Engine.NCCL, full=native)
+  if native.engine is Engine.INPROCESS:
+    return Route(Engine.BORDER, cross=Engine.INPROCESS, full=native)
+  procs = native.procs.reshape(-1, clusters, n)  # (groups, cluster, inner rank)
+  if not (procs == procs[:, :, :1]).all():
+    return None  # a cluster spans processes: the full schedule pipelines its phases over TCP
+  outer_procs = native_executor.process_map(outer, params["cross_group_axes"])
+  return Route(Engine.BORDER, procs=outer_procs, cross=Engine.TCP, full=native)
 
 
 def _native_route(params: dict, platform: str | None, explicit: bool, op: str,
@@ -166,7 +230,10 @@ def _native_pays(collective: str, engine: Engine, params: dict, nbytes: int) -> 
   if engine is Engine.LOCAL:
     return costs.local_beats_xla(collective, nbytes)
   topology = params["topology"]
-  equal_ports = len(set(topology.send_bandwidth + topology.recv_bandwidth)) == 1
+  ports = topology.send_bandwidth + topology.recv_bandwidth
+  if topology.cluster is not None:
+    ports += tuple(b for b in topology.inter_send_bandwidth + topology.inter_recv_bandwidth if b)
+  equal_ports = len(set(ports)) == 1
   if engine is Engine.TCP:
     return not equal_ports or costs.tcp_beats_xla(collective, nbytes)
   # NCCL: XLA's NCCL ring is as good as any schedule on equal ports; a schedule that the

@@ -151,7 +151,7 @@ for _platform in ("cpu", "cuda"):
   compat.mlir.register_lowering(collective_p, _lower_collective, platform=_platform)
 
 
-def process_map(axis_name: str, group_axes: tuple[tuple[str, int], ...]) -> np.ndarray | None:
+def process_map(axis_name, group_axes: tuple[tuple[str, int], ...]) -> np.ndarray | None:
   """The process of every rank of every instance of ``axis_name``, for the lowering mesh.
 
   Returns:
@@ -165,7 +165,8 @@ def process_map(axis_name: str, group_axes: tuple[tuple[str, int], ...]) -> np.n
   if mesh is None:
     return None
   names = list(mesh.axis_names)
-  order = [names.index(name) for name, _ in group_axes] + [names.index(axis_name)]
+  axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  order = [names.index(name) for name, _ in group_axes] + [names.index(a) for a in axes]
   procs = np.vectorize(lambda d: d.process_index, otypes=[np.int64])(mesh.devices)
   if np.all(procs == jax.process_index()):
     return _NONE
@@ -191,17 +192,33 @@ def pacing_rates(schedule: Schedule, topology: Topology) -> np.ndarray:
   the testbed optcc ran 13% slower right after r2ccl, whose scatter and gather
   pairs were paced at 3% of a port), and it cannot make up for any stall. The
   pairs the floor lifts carry little, so it overbooks their ports only briefly.
-  Equal ports need no pacing.
+  Equal ports need no pacing. In a topology of clusters the pairs inside a
+  cluster share the intra ports and the pairs across share the cross-cluster
+  ports.
   """
   send = np.asarray(topology.send_bandwidth, np.float64)
   recv = np.asarray(topology.recv_bandwidth, np.float64)
-  if np.all(send == send[0]) and np.all(recv == send[0]):
-    return _NONE
   p = schedule.nranks
+  cross = np.zeros((p, p), bool)
+  if topology.cluster is not None:
+    cluster = np.asarray(topology.cluster)
+    isend = np.asarray(topology.inter_send_bandwidth, np.float64)
+    irecv = np.asarray(topology.inter_recv_bandwidth, np.float64)
+    cross = cluster[:, None] != cluster[None, :]
+  pair_send = np.where(cross, isend[:, None] if cross.any() else 0, send[:, None])
+  pair_recv = np.where(cross, irecv[None, :] if cross.any() else 0, recv[None, :])
+  pair_send = np.where(pair_send > 0, pair_send, send[:, None])  # no port: the intra one
+  pair_recv = np.where(pair_recv > 0, pair_recv, recv[None, :])
+  off = ~np.eye(p, dtype=bool)
+  if len(np.unique(np.r_[pair_send[off], pair_recv[off]])) <= 1:
+    return _NONE
   volume = np.zeros((p, p))
   np.add.at(volume, (schedule.table[:, SRC], schedule.table[:, DST]), schedule.table[:, LENGTH])
-  share = np.minimum((send / np.maximum(volume.sum(1), 1))[:, None],
-                     (recv / np.maximum(volume.sum(0), 1))[None, :]) * volume
-  floor = np.minimum(send[:, None], recv[None, :]) / (2 * (p - 1))
+  share = np.zeros((p, p))
+  for level in (cross, ~cross):
+    v = np.where(level, volume, 0)
+    share += np.minimum(pair_send / np.maximum(v.sum(1), 1)[:, None],
+                        pair_recv / np.maximum(v.sum(0), 1)[None, :]) * v
+  floor = np.minimum(pair_send, pair_recv) / (2 * (p - 1))
   rates = np.where(volume > 0, np.maximum(share, floor), 0)
   return np.ascontiguousarray(np.ceil(rates).astype(np.int64).reshape(-1))

@@ -28,7 +28,8 @@ def check_axis(api: str, axis_name, executor: str, codec) -> dict:
     ``axis_name`` (a str, or a tuple of axes in ``lax``'s rank order),
     ``axes`` ((name, size) pairs), ``axis_size`` (their product) and
     ``group_axes`` (the other manual mesh axes, None in a partial-manual
-    shard_map).
+    shard_map) and ``cross_group_axes`` (over a tuple of axes, those other
+    than the outer one; else None).
   """
   axes = compat.bound_axes(axis_name, api)
   size = int(np.prod([n for _, n in axes]))
@@ -37,12 +38,15 @@ def check_axis(api: str, axis_name, executor: str, codec) -> dict:
   if executor not in EXECUTORS:
     raise ValueError(f"{api}: executor must be one of {EXECUTORS}, got {executor!r}")
   group_axes = compat.group_axes(axis_name)
+  # Over a tuple of axes: the other axes of the outer one (a hierarchical cross phase).
+  cross_group_axes = compat.group_axes(axes[0][0]) if len(axes) > 1 else None
   if executor == "native" and group_axes is None:
     raise NotImplementedError(
         f"{api}: executor='native' runs in a shard_map whose axes are all manual (a partial-"
         f"manual shard_map hides which instance of the axis a device is in); use "
         f"executor='auto' or 'xla'")
-  return {"axis_name": axis_name, "axes": axes, "axis_size": size, "group_axes": group_axes}
+  return {"axis_name": axis_name, "axes": axes, "axis_size": size, "group_axes": group_axes,
+          "cross_group_axes": cross_group_axes}
 
 
 def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
@@ -60,7 +64,7 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
                      f"encoded bytes; use codec=None with it, or another algorithm with "
                      f"codec={codec!r}")
   if topology is None:
-    topology = Topology.uniform(size, DEFAULT_BANDWIDTH)
+    topology = default_topology(params["axes"])
   elif not isinstance(topology, Topology):
     raise TypeError(f"{api}: topology must be a jaxcc.Topology or None, got "
                     f"{type(topology).__name__}")
@@ -68,6 +72,16 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
     raise ValueError(f"{api}: topology has {topology.size} ranks but axis {axis_name!r} has "
                      f"{size}; build the topology for {size} ranks")
   return dict(params, algorithm=algorithm, executor=executor, topology=topology, codec=codec)
+
+
+def default_topology(axes) -> Topology:
+  """The network assumed when none is given: uniform ports of ``DEFAULT_BANDWIDTH``; over a
+  tuple of mesh axes each group of the outer axis is a cluster (same bandwidth both levels)."""
+  size = int(np.prod([n for _, n in axes]))
+  if len(axes) < 2:
+    return Topology.uniform(size, DEFAULT_BANDWIDTH)
+  outer = axes[0][1]
+  return Topology.clusters([size // outer] * outer, DEFAULT_BANDWIDTH, DEFAULT_BANDWIDTH)
 
 
 def leaves_of(api: str, x) -> tuple[list[jax.Array], object]:

@@ -6,6 +6,13 @@ receive (rx) port of ``topology.recv_bandwidth[i]`` bytes/s. A transfer of
 tx port for ``size / B_tx``, then waits for and holds the receiver's rx port for
 ``size / B_rx``, and is delivered ``topology.message_latency(src, dst)`` later
 (with ``port_blocking_latency`` the rx port is held through the latency too).
+
+In a topology of clusters each rank has a second pair of ports, across
+clusters: a transfer inside a cluster uses the intra ports, one between
+clusters the cross-cluster ports of both ends. A rank without a cross-cluster
+port sends (receives) through its relay (``Topology.relay``): the transfer
+then takes up to three hops, intra to the relay, across, intra from the
+relay, each store-and-forward with its own latency.
 A port serves one message at a time: whenever it is free it takes, among the
 messages ready for it, the one of the smallest ``(step, row)`` in the table.
 All events of one instant are handled before a free port chooses, so messages
@@ -51,6 +58,10 @@ class SimResult(NamedTuple):
     bytes_sent: bytes each rank sent, shape ``(p,)``.
     bytes_received: bytes each rank received, shape ``(p,)``.
     num_messages: number of transfers.
+    inter_tx_busy: seconds each rank's cross-cluster send port was busy
+      (zeros in a flat topology), shape ``(p,)``.
+    inter_rx_busy: the same for the cross-cluster receive ports.
+    inter_bytes: bytes that crossed between clusters, in total.
   """
 
   time: float
@@ -59,6 +70,9 @@ class SimResult(NamedTuple):
   bytes_sent: np.ndarray
   bytes_received: np.ndarray
   num_messages: int
+  inter_tx_busy: np.ndarray
+  inter_rx_busy: np.ndarray
+  inter_bytes: float
 
 
 def simulate(schedule: Schedule, topology: Topology, *,
@@ -81,29 +95,72 @@ def simulate(schedule: Schedule, topology: Topology, *,
   table = schedule.validate(API).table
   _, src, dst, _, _, n, _ = table.T
   size = n * float(schedule.itemsize)
-  latency = np.asarray(topology.latency)
-  latency = np.maximum(latency[src], latency[dst])
-  tx = size / np.asarray(topology.send_bandwidth)[src]
-  rx = size / np.asarray(topology.recv_bandwidth)[dst]
-  if port_blocking_latency:
-    rx, latency = rx + latency, np.zeros_like(latency)
+  hops = _hops(src, dst, size, topology, port_blocking_latency)
   time = 0.0
   if len(table):
     # Millions of small lists and tuples: the cyclic GC only costs time here.
     enabled = gc.isenabled()
     gc.disable()
     try:
-      time = _run(src, dst, tx, rx, latency, *_dependencies(schedule), p)
+      time = _run(hops, *_dependencies(schedule), 2 * p)
     finally:
       if enabled:
         gc.enable()
+  busy_tx = np.zeros(2 * p)
+  busy_rx = np.zeros(2 * p)
+  for txp, rxp, tx, rx, _ in hops:
+    on = txp >= 0
+    busy_tx += np.bincount(txp[on], weights=tx[on], minlength=2 * p)
+    busy_rx += np.bincount(rxp[on], weights=rx[on], minlength=2 * p)
+  cross = ~np.array([topology.same_cluster(a, b) for a, b in zip(src, dst)], bool).reshape(-1)
   return SimResult(
       time=time,
-      tx_busy=np.bincount(src, weights=tx, minlength=p),
-      rx_busy=np.bincount(dst, weights=rx, minlength=p),
+      tx_busy=busy_tx[:p],
+      rx_busy=busy_rx[:p],
       bytes_sent=np.bincount(src, weights=size, minlength=p),
       bytes_received=np.bincount(dst, weights=size, minlength=p),
-      num_messages=len(table))
+      num_messages=len(table),
+      inter_tx_busy=busy_tx[p:],
+      inter_rx_busy=busy_rx[p:],
+      inter_bytes=float(size[cross].sum()) if topology.cluster is not None else 0.0)
+
+
+def _hops(src, dst, size, topology: Topology, port_blocking_latency: bool):
+  """The hops of every transfer: a list of ``(tx_port, rx_port, tx_s, rx_s, delay_s)`` arrays.
+
+  Ports ``0..p-1`` are the ranks' intra (or only) ports, ``p..2p-1`` their
+  cross-cluster ports. Hop ``h`` of a transfer that takes fewer hops has
+  ``tx_port == -1``.
+  """
+  p = topology.size
+  send = np.asarray(topology.send_bandwidth)
+  recv = np.asarray(topology.recv_bandwidth)
+  latency = np.asarray(topology.latency)
+  if topology.cluster is None:
+    hops = [(src, dst, size / send[src], size / recv[dst], np.maximum(latency[src], latency[dst]))]
+  else:
+    cluster = np.asarray(topology.cluster)
+    relay = np.array([topology.relay(r) for r in range(p)])
+    isend = np.asarray(topology.inter_send_bandwidth)
+    irecv = np.asarray(topology.inter_recv_bandwidth)
+    ilat = np.asarray(topology.inter_latency)
+    cross = cluster[src] != cluster[dst]
+    a, b = np.where(cross, relay[src], src), np.where(cross, relay[dst], dst)
+
+    def intra(frm, to, on):
+      return (np.where(on, frm, -1), np.where(on, to, -1), size / send[frm], size / recv[to],
+              np.maximum(latency[frm], latency[to]))
+
+    first = intra(src, a, cross & (a != src))
+    middle = (np.where(cross, a + p, src), np.where(cross, b + p, dst),
+              size / np.where(cross, isend[a], send[src]),
+              size / np.where(cross, irecv[b], recv[dst]),
+              np.where(cross, np.maximum(ilat[a], ilat[b]), np.maximum(latency[src], latency[dst])))
+    last = intra(b, dst, cross & (b != dst))
+    hops = [h for h in (first, middle, last) if (h[0] >= 0).any()]
+  if port_blocking_latency:
+    hops = [(txp, rxp, tx, rx + delay, np.zeros_like(delay)) for txp, rxp, tx, rx, delay in hops]
+  return hops
 
 
 def _dependencies(schedule: Schedule):
@@ -180,20 +237,29 @@ def _adjacency(frm, to, count) -> list[list[int]]:
   return [targets[s:e] for s, e in zip([0] + ends[:-1], ends)]
 
 
-def _run(src, dst, tx, rx, delay, unit_of, need, raw_need, raw_out, waw_out, war_out, p):
-  """The event loop; returns the completion time."""
-  src, dst, tx, rx, delay = (a.tolist() for a in (src, dst, tx, rx, delay))
-  num, num2 = len(src), 2 * len(src)
+def _run(hops, unit_of, need, raw_need, raw_out, waw_out, war_out, ports):
+  """The event loop over ``ports`` tx and rx ports; returns the completion time."""
+  # Per transfer its current hop; the later hops of multi-hop transfers wait in `more`.
+  real = np.array([h[0] >= 0 for h in hops])  # (hops, transfers)
+  first = np.argmax(real, axis=0)
+  txp, rxp, tx, rx, delay = (np.choose(first, [h[k] for h in hops]).tolist() for k in range(5))
+  more = {}
+  for x in np.flatnonzero(real.sum(0) > 1).tolist():
+    more[x] = [tuple(h[k][x].item() for k in range(5)) for h in hops[::-1] if h[0][x] >= 0][:-1]
+  num, num2, num3 = len(txp), 2 * len(txp), 3 * len(txp)
+  empty = ()
   push, pop = heapq.heappush, heapq.heappop
-  tx_queue = [[] for _ in range(p)]  # Heaps of ready transfers (row = priority).
-  rx_queue = [[] for _ in range(p)]
+  tx_queue = [[] for _ in range(ports)]  # Heaps of ready transfers (row = priority).
+  rx_queue = [[] for _ in range(ports)]
   for x in range(num):
     if not raw_need[x]:
-      tx_queue[src[x]].append(x)  # Ascending, so already heaps.
-  tx_idle, rx_idle = [True] * p, [True] * p
-  tx_dirty, rx_dirty = list(range(p)), []  # Idle ports that may start a message now.
+      tx_queue[txp[x]].append(x)  # Ascending, so already heaps.
+  tx_idle, rx_idle = [True] * ports, [True] * ports
+  tx_dirty, rx_dirty = list(range(ports)), []  # Idle ports that may start a message now.
   tx_mark, rx_mark = tx_dirty.append, rx_dirty.append
-  events = []  # (time, code): code x = tx end, num + x = rx end, 2 num + x = delivery.
+  # (time, code): code x = tx end, num + x = rx end, 2 num + x = delivery, 3 num + x = arrival
+  # at a relay.
+  events = []
   stack = []  # Units whose dependencies are all met.
   now = last = 0.0
   pending = len(need)
@@ -216,29 +282,34 @@ def _run(src, dst, tx, rx, delay, unit_of, need, raw_need, raw_out, waw_out, war
     while True:
       now, code = pop(events)
       if code < num:  # Left the tx port: wait for the rx port.
-        r = src[code]
+        r = txp[code]
         tx_idle[r] = True
         tx_mark(r)
-        r = dst[code]
+        r = rxp[code]
         push(rx_queue[r], code)
         if rx_idle[r]:
           rx_mark(r)
-        for u in war_out[code]:
+        for u in war_out[code]:  # the source's range is free once read (first hop only)
           need[u] -= 1
           if not need[u]:
             stack.append(u)
-      elif code < num2:  # Left the rx port: delivered now or after the latency.
+        war_out[code] = empty
+      elif code < num2:  # Left the rx port: delivered (or at the relay) now or after the latency.
         x = code - num
-        r = dst[x]
+        r = rxp[x]
         rx_idle[r] = True
         rx_mark(r)
         if delay[x]:
-          push(events, (now + delay[x], code + num))
+          push(events, (now + delay[x], code + (num2 if x in more else num)))
+        elif x in more:
+          _next_hop(x, more, txp, rxp, tx, rx, delay, tx_queue, tx_idle, tx_mark)
         else:
           u = unit_of[x]
           need[u] -= 1
           if not need[u]:
             stack.append(u)
+      elif code >= num3:  # At a relay: on to the next hop.
+        _next_hop(code - num3, more, txp, rxp, tx, rx, delay, tx_queue, tx_idle, tx_mark)
       else:  # Delivered.
         u = unit_of[code - num2]
         need[u] -= 1
@@ -251,7 +322,7 @@ def _run(src, dst, tx, rx, delay, unit_of, need, raw_need, raw_out, waw_out, war
         for x in raw_out[u]:
           raw_need[x] -= 1
           if not raw_need[x]:
-            r = src[x]
+            r = txp[x]
             push(tx_queue[r], x)
             if tx_idle[r]:
               tx_mark(r)
@@ -264,3 +335,15 @@ def _run(src, dst, tx, rx, delay, unit_of, need, raw_need, raw_out, waw_out, war
   if pending:
     raise RuntimeError(f"{API}: {pending} writes never applied (a dependency cycle)")
   return last
+
+
+def _next_hop(x, more, txp, rxp, tx, rx, delay, tx_queue, tx_idle, tx_mark):
+  """Transfer ``x`` arrived at a relay: its next hop waits for that hop's tx port."""
+  path = more[x]
+  txp[x], rxp[x], tx[x], rx[x], delay[x] = path.pop()
+  if not path:
+    del more[x]
+  r = txp[x]
+  heapq.heappush(tx_queue[r], x)
+  if tx_idle[r]:
+    tx_mark(r)
