@@ -5,9 +5,9 @@ process one cluster of 2 ranks) on 127.0.0.1 and times an all_reduce of
 ``--mib`` MiB float32 per rank:
 
 * ``lax.psum`` over ("dcn", "ici") (XLA's CPU collectives, gloo across processes);
-* hierarchical over ("dcn", "ici"): the intra-cluster phases on XLA's
-  in-process all_to_all / all_gather, the cross-cluster phase on jaxcc's TCP
-  transport (the border executor);
+* hierarchical over ("dcn", "ici") with ``JAXCC_INTRA_ENGINE=xla``: the
+  intra-cluster phases on XLA's all_to_all / all_gather, the cross-cluster
+  phase on jaxcc's TCP transport (the border executor);
 * hierarchical over one axis "x" with the same clusters given as a topology:
   the whole schedule natively over TCP, the in-process pairs included;
 * the native ring over "x".
@@ -45,6 +45,7 @@ def worker(mib: int, reps: int) -> None:
   import jaxcc
   from jaxcc.launcher import join
 
+  os.environ["JAXCC_INTRA_ENGINE"] = "xla"  # the border executor where it applies
   nproc, local = join().num_processes, jax.local_device_count()
   p = nproc * local
   axes = ("dcn", "ici")

@@ -200,8 +200,10 @@ def check_hierarchical():
 
   Clusters 3+5 along "x" span processes (the whole schedule, pipelined over
   TCP); over ("dcn", "ici") on (P/2, 2) each cluster is one process (intra on
-  XLA, the cross phase over TCP); on (2, P/2) the clusters span processes.
+  XLA with JAXCC_INTRA_ENGINE=xla, the cross phase over TCP); on (2, P/2) the
+  clusters span processes.
   """
+  os.environ["JAXCC_INTRA_ENGINE"] = "xla"
   rng = np.random.default_rng(4)
   layouts = [(jax.make_mesh((P_ALL,), ("x",)), "x",
               jaxcc.Topology.clusters([3, P_ALL - 3], 1e10, 1e9)),
@@ -227,6 +229,7 @@ def check_hierarchical():
         assert got["native"][k].tobytes() == got["xla"][k].tobytes(), (
             f"hierarchical {name} over {axes}: native != xla")
         np.testing.assert_allclose(got["native"][k], got["lax"][k], rtol=1e-5, atol=1e-4)
+  del os.environ["JAXCC_INTRA_ENGINE"]
 
 
 def check_back_to_back(mesh):

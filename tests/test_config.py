@@ -42,6 +42,19 @@ def test_split_send_bytes_rejects(value):
       config.split_send_bytes()
 
 
+@pytest.mark.parametrize("value, engine", [(None, "auto"), ("", "auto"), ("xla", "xla"),
+                                           ("native", "native")])
+def test_intra_engine(value, engine, monkeypatch):
+  if value is None:
+    monkeypatch.delenv("JAXCC_INTRA_ENGINE", raising=False)
+  else:
+    monkeypatch.setenv("JAXCC_INTRA_ENGINE", value)
+  assert config.intra_engine() == engine
+  monkeypatch.setenv("JAXCC_INTRA_ENGINE", "nccl")
+  with pytest.raises(ValueError, match="JAXCC_INTRA_ENGINE='nccl': expected one of"):
+    config.intra_engine()
+
+
 def test_settings_are_read_at_each_call():
   with mock.patch.dict(os.environ, {"JAXCC_TIMEOUT_S": "7"}):
     assert config.timeout_s() == 7.0

@@ -9,6 +9,12 @@
   pieces of at least this many raw bytes may go over TCP in two parts (an
   int >= 0; 0 never splits; default 262144). The CPU handler gets it as the
   ``split_send_bytes`` attribute.
+* ``JAXCC_INTRA_ENGINE`` (``intra_engine()``, read at each call): the engine
+  of a hierarchical collective's intra-cluster phases where the clusters are
+  the groups of the outer mesh axis: "xla" (XLA's collectives over the inner
+  axes, the border executor), "native" (the whole schedule on jaxcc's engine)
+  or "auto" (default: "xla" on the GPU, where the inner axes are NCCL's;
+  "native" on the CPU, where the whole schedule measured faster).
 
 The functions read the environment each time they are called, at the lowering
 of each collective, so a value set between two lowerings holds for the second.
@@ -79,6 +85,20 @@ def split_send_bytes() -> int:
     raise ValueError(f"JAXCC_SPLIT_SEND_BYTES={value!r}: expected a whole number of bytes >= 0 "
                      f"(0: never split; unset: {_DEFAULT_SPLIT_SEND_BYTES})")
   return nbytes
+
+
+INTRA_ENGINES = ("auto", "xla", "native")
+
+
+def intra_engine() -> str:
+  """``JAXCC_INTRA_ENGINE``: "auto" (default), "xla" or "native"."""
+  value = _env("JAXCC_INTRA_ENGINE")
+  if value is None:
+    return "auto"
+  if value not in INTRA_ENGINES:
+    raise ValueError(f"JAXCC_INTRA_ENGINE={value!r}: expected one of {INTRA_ENGINES} (unset: "
+                     f"auto)")
+  return value
 
 
 USE_FFI: bool = _env_flag("JAXCC_USE_FFI", True)

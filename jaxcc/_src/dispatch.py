@@ -15,9 +15,10 @@ Engines:
 * ``BORDER``: a hierarchical collective over a tuple of mesh axes whose
   outer groups are the clusters (``border_executor``): the intra-cluster
   phases on XLA's collective over the inner axes, the cross-cluster phase on
-  ``cross`` (INPROCESS, TCP or NCCL) over the outer axis. Chosen where every
-  cluster lies within one process (or on the GPU, where the inner axes are
-  NCCL's), with the bits of the full schedule.
+  ``cross`` (INPROCESS, TCP or NCCL) over the outer axis, with the bits of
+  the full schedule. Chosen on the GPU, where the inner axes are NCCL's; on
+  the CPU with ``JAXCC_INTRA_ENGINE=xla`` (there XLA:CPU's collectives made it
+  2.7-2.8x slower than the whole schedule, ``benchmarks/hierarchical_loopback.py``).
 * ``TWIN``: the Schedule on XLA's collectives (``xla_executor``): the
   oracle, and the path where no native transport runs.
 
@@ -39,8 +40,8 @@ import numpy as np
 from jax import lax
 
 from jaxcc import planner
-from jaxcc._src import (border_executor, compat, costs, native_executor, nccl_bootstrap,
-                        xla_executor)
+from jaxcc._src import (border_executor, compat, config, costs, native_executor,
+                        nccl_bootstrap, xla_executor)
 from jaxcc._src.engines import Engine
 from jaxcc.sim import simulate
 
@@ -168,9 +169,13 @@ def _runs_hierarchical(collective, algorithm, params, nbytes) -> bool:
 
 def _border_route(collective: str, params: dict, platform: str, native: Route,
                   op: str) -> Route | None:
-  """BORDER where the clusters are the outer axis' groups, with equal ports (so equal tiles),
-  each cluster inside one process or on the GPU; else None."""
+  """BORDER where ``JAXCC_INTRA_ENGINE`` asks for it ("auto": on the GPU) and the clusters are
+  the outer axis' groups, with equal ports (so equal tiles), each inside one process; else
+  None."""
   axes, topology = params["axes"], params["topology"]
+  engine = config.intra_engine()
+  if engine == "native" or (engine == "auto" and native.engine is not Engine.NCCL):
+    return None
   if len(axes) < 2 or op != "sum" or params.get("codec") is not None:
     return None
   clusters = axes[0][1]
