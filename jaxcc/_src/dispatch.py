@@ -106,10 +106,12 @@ def choose(api: str, collective: str, params: dict, platform: str | None, nbytes
   if not (executor == "native" or algorithm != "auto" or params.get("codec") is not None
           or _native_pays(collective, native.engine, params, nbytes)):
     return Route(Engine.XLA)
-  if (at_trace or native.engine is Engine.LOCAL
-      or not _runs_hierarchical(collective, algorithm, params, nbytes)):
+  if at_trace or native.engine is Engine.LOCAL:
     return native
-  return _border_route(collective, params, platform, native, op) or native
+  border = _border_route(params, native, op)
+  if border is not None and _runs_hierarchical(collective, algorithm, params, nbytes):
+    return border
+  return native
 
 
 def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *, root: int = 0,
@@ -160,6 +162,7 @@ def _run_border(buf, route, collective, params):
 
 
 def _runs_hierarchical(collective, algorithm, params, nbytes) -> bool:
+  """Whether the call runs the hierarchical schedule ("auto": priced on float32 of ``nbytes``)."""
   if algorithm == "auto" and collective in ("all_reduce", "reduce_scatter", "all_gather"):
     length = max(nbytes // 4, params["axis_size"])
     length -= length % params["axis_size"]
@@ -167,8 +170,7 @@ def _runs_hierarchical(collective, algorithm, params, nbytes) -> bool:
   return algorithm == "hierarchical"
 
 
-def _border_route(collective: str, params: dict, platform: str, native: Route,
-                  op: str) -> Route | None:
+def _border_route(params: dict, native: Route, op: str) -> Route | None:
   """BORDER where ``JAXCC_INTRA_ENGINE`` asks for it ("auto": on the GPU) and the clusters are
   the outer axis' groups, with equal ports (so equal tiles), each inside one process; else
   None."""

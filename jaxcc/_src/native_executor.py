@@ -200,13 +200,14 @@ def pacing_rates(schedule: Schedule, topology: Topology) -> np.ndarray:
   recv = np.asarray(topology.recv_bandwidth, np.float64)
   p = schedule.nranks
   cross = np.zeros((p, p), bool)
+  isend = irecv = np.zeros(p)
   if topology.cluster is not None:
     cluster = np.asarray(topology.cluster)
     isend = np.asarray(topology.inter_send_bandwidth, np.float64)
     irecv = np.asarray(topology.inter_recv_bandwidth, np.float64)
     cross = cluster[:, None] != cluster[None, :]
-  pair_send = np.where(cross, isend[:, None] if cross.any() else 0, send[:, None])
-  pair_recv = np.where(cross, irecv[None, :] if cross.any() else 0, recv[None, :])
+  pair_send = np.where(cross, isend[:, None], send[:, None])
+  pair_recv = np.where(cross, irecv[None, :], recv[None, :])
   pair_send = np.where(pair_send > 0, pair_send, send[:, None])  # no port: the intra one
   pair_recv = np.where(pair_recv > 0, pair_recv, recv[None, :])
   off = ~np.eye(p, dtype=bool)

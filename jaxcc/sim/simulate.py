@@ -112,7 +112,8 @@ def simulate(schedule: Schedule, topology: Topology, *,
     on = txp >= 0
     busy_tx += np.bincount(txp[on], weights=tx[on], minlength=2 * p)
     busy_rx += np.bincount(rxp[on], weights=rx[on], minlength=2 * p)
-  cross = ~np.array([topology.same_cluster(a, b) for a, b in zip(src, dst)], bool).reshape(-1)
+  cluster = np.asarray(topology.cluster if topology.cluster is not None else np.zeros(p, int))
+  cross = cluster[src] != cluster[dst]
   return SimResult(
       time=time,
       tx_busy=busy_tx[:p],
@@ -122,7 +123,7 @@ def simulate(schedule: Schedule, topology: Topology, *,
       num_messages=len(table),
       inter_tx_busy=busy_tx[p:],
       inter_rx_busy=busy_rx[p:],
-      inter_bytes=float(size[cross].sum()) if topology.cluster is not None else 0.0)
+      inter_bytes=float(size[cross].sum()))
 
 
 def _hops(src, dst, size, topology: Topology, port_blocking_latency: bool):
