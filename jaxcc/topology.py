@@ -170,8 +170,8 @@ class Topology:
     The ranks of a cluster without a port go to its border ranks in turn: the
     k-th of them to border ``k mod (number of borders)``.
     """
-    if self.cluster is None or self.inter_bandwidth[rank] > 0:
-      return rank
+    if self.num_clusters == 1 or self.inter_bandwidth[rank] > 0:
+      return rank  # nothing crosses, or the rank has its own port
     c = self.cluster[rank]
     borders = self.border_ranks(c)
     portless = [r for r in self.cluster_ranks(c) if self.inter_bandwidth[r] == 0]

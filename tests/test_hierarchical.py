@@ -36,6 +36,7 @@ LAYOUTS_SIM = dict(LAYOUTS_8, **{
     "1+3+3+5": clusters([1, 3, 3, 5], ratio=100),
     "1+1+1": clusters([1, 1, 1]),
     "one cluster": clusters([6]),
+    "one cluster, no ports": clusters([5], inter=0.0),
     "flat": Topology.uniform(5, B).with_straggler(1, 0.5),
 })
 

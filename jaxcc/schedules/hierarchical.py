@@ -143,7 +143,8 @@ def _atoms(segments, k, chunks):
 
 
 def _has_port(topology: Topology, rank: int) -> bool:
-  return topology.cluster is None or topology.inter_bandwidth[rank] > 0
+  """Whether ``rank`` may own segments: it has a cross-cluster port, or nothing crosses."""
+  return topology.num_clusters == 1 or topology.inter_bandwidth[rank] > 0
 
 
 # Each phase returns groups (dst, start, stop, sources, op, rounds): one reduce group or one
