@@ -38,7 +38,8 @@ largest of:
   all_reduce, ``(C-1) N`` for the others;
 * inside each cluster, the volume over its intra ports: ``2(n_c - 1) N`` for
   all_reduce, ``(n_c - 1) N`` for reduce_scatter and all_gather;
-* each rank's ``out_i`` and ``in_i`` through both its ports.
+* each rank's ``out_i`` and ``in_i`` through both its ports (its intra ports
+  when there is one cluster).
 
 It bounds the schedules that move no more than that minimum across clusters
 (research/hetccl.md §6), every hierarchical one among them: each element
@@ -142,7 +143,8 @@ def _clustered_time(collective, n, topology: Topology, root, out, into) -> float
   rho = np.bincount(cluster, weights=irecv, minlength=num)
   intra_send = np.bincount(cluster, weights=send, minlength=num)
   intra_recv = np.bincount(cluster, weights=recv, minlength=num)
-  terms = [(out / (send + isend)).max(), (into / (recv + irecv)).max()]
+  crossing = num > 1  # one cluster: nothing crosses, the intra ports are the only ones
+  terms = [(out / (send + crossing * isend)).max(), (into / (recv + crossing * irecv)).max()]
   if num > 1:
     if collective == "all_reduce":
       cut_out, cut_in, cross = np.full(num, n), np.full(num, n), 2 * (num - 1) * n
