@@ -38,15 +38,14 @@ from jaxcc import planner
 from jaxcc._src import native_executor
 from jaxcc._src.engines import Engine
 from jaxcc._src.reduce import reduce_sum
+from jaxcc.schedules.hierarchical import cross_bandwidths
 from jaxcc.topology import Topology
 
 
-def cross_topology(topology: Topology, clusters: int) -> Topology:
-  """The outer axis as ``clusters`` one-rank clusters, each with its cluster's summed
-  cross-cluster bandwidth (so the cross shares are the full schedule's)."""
-  sigma = [sum(topology.inter_bandwidth[r] for r in topology.cluster_ranks(c))
-           for c in range(clusters)]
-  return Topology.clusters([1] * clusters, 1.0, sigma, latency=0.0,
+def cross_topology(topology: Topology) -> Topology:
+  """The outer axis as one-rank clusters, each with its cluster's summed cross-cluster
+  bandwidth (so the cross shares are the full schedule's)."""
+  return Topology.clusters([1] * topology.num_clusters, 1.0, cross_bandwidths(topology), latency=0.0,
                            inter_latency=max(topology.inter_latency))
 
 
@@ -54,7 +53,7 @@ def all_reduce(buf: jax.Array, route, params: dict) -> jax.Array:
   outer, inner, n, c = _axes(params)
   pieces = lax.all_to_all(buf.reshape(n, -1), inner, 0, 0)  # row r: inner rank r's piece
   tile = _ordered_sum(pieces, inner, n)
-  tile = _cross(tile, route, params, "all_reduce", outer, c)
+  tile = _cross(tile, route, params, "all_reduce", outer)
   return lax.all_gather(tile, inner, tiled=True)
 
 
@@ -64,7 +63,7 @@ def reduce_scatter(buf: jax.Array, route, params: dict) -> jax.Array:
   # (k, j) of every cluster k.
   tiles = buf.reshape(c, n, -1).transpose(1, 0, 2).reshape(n, -1)
   partial = _ordered_sum(lax.all_to_all(tiles, inner, 0, 0), inner, n)
-  full = _cross(partial, route, params, "reduce_scatter", outer, c)
+  full = _cross(partial, route, params, "reduce_scatter", outer)
   return lax.dynamic_slice_in_dim(full, lax.axis_index(outer) * (full.shape[0] // c),
                                   full.shape[0] // c)
 
@@ -73,7 +72,7 @@ def all_gather(tile: jax.Array, route, params: dict) -> jax.Array:
   outer, inner, n, c = _axes(params)
   buf = lax.dynamic_update_slice_in_dim(jnp.zeros((c * tile.shape[0],), tile.dtype), tile,
                                         lax.axis_index(outer) * tile.shape[0], 0)
-  mine = _cross(buf, route, params, "all_gather", outer, c)  # tiles (k, j) for every k
+  mine = _cross(buf, route, params, "all_gather", outer)  # tiles (k, j) for every k
   rows = lax.all_gather(mine.reshape(c, -1), inner)  # (n, c, t): [j, k]
   return rows.transpose(1, 0, 2).reshape(-1)
 
@@ -92,9 +91,9 @@ def _ordered_sum(pieces: jax.Array, inner, n: int) -> jax.Array:
   return reduce_sum([rows[k] for k in range(n)])
 
 
-def _cross(buf, route, params, collective, outer, c):
+def _cross(buf, route, params, collective, outer):
   """The cross-cluster phase over the outer axis on the route's native engine."""
-  topo = cross_topology(params["topology"], c)
+  topo = cross_topology(params["topology"])
   itemsize = np.dtype(buf.dtype).itemsize
   chunks = None if route.cross is Engine.TCP else 1
   sched = planner.schedule(collective, buf.shape[0], itemsize, topo, "hierarchical",

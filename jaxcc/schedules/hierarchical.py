@@ -77,6 +77,13 @@ def hierarchical(collective: str, length: int, itemsize: int, chunks: int,
   return tb.build(collective, p, length, itemsize, "hierarchical", chunks=chunks)
 
 
+def cross_bandwidths(topology: Topology) -> list[float]:
+  """``sigma_c``: each cluster's summed cross-cluster bandwidth, the weights of the cross
+  shares (the border executor prices its outer axis on these same numbers)."""
+  return [sum(topology.inter_bandwidth[r] for r in topology.cluster_ranks(c))
+          for c in range(topology.num_clusters)]
+
+
 def cross_cluster_bytes(collective: str, nbytes: int, num_clusters: int) -> int:
   """The bytes a hierarchical ``collective`` moves between clusters, in total."""
   factor = 2 if collective == "all_reduce" else 1
@@ -92,8 +99,8 @@ def _segments(collective, length, topology, clusters, cluster_of):
   cross owner cluster, in the fractions ``_cross_fractions``.
   """
   p, num = topology.size, len(clusters)
-  weights = [_owner_weights(collective, topology, clusters, c) for c in range(num)]
   fractions = _cross_fractions(topology, clusters)
+  weights = [_owner_weights(collective, topology, clusters, c, fractions[c]) for c in range(num)]
   if collective == "all_reduce":
     units = [(0, length, -1, -1)]
   else:
@@ -243,7 +250,7 @@ def _cross_fractions(topology: Topology, clusters) -> list[float]:
   num = len(clusters)
   if num == 1:
     return [1.0]
-  sigma = np.array([sum(topology.inter_bandwidth[r] for r in ranks) for ranks in clusters])
+  sigma = np.array(cross_bandwidths(topology))
   if num == 2:
     return list(sigma / sigma.sum())
   active = np.ones(num, bool)
@@ -255,7 +262,7 @@ def _cross_fractions(topology: Topology, clusters) -> list[float]:
     active &= f > 0
 
 
-def _owner_weights(collective, topology: Topology, clusters, c) -> dict[int, float]:
+def _owner_weights(collective, topology: Topology, clusters, c, fraction) -> dict[int, float]:
   """How much of what cluster c owns each of its border ranks takes (fractions summing to 1).
 
   Each port's load is linear in a rank's fraction ``a``: ``base + slope * a``
@@ -268,7 +275,7 @@ def _owner_weights(collective, topology: Topology, clusters, c) -> dict[int, flo
     return {borders[0]: 1.0}
   n, p, num = len(ranks), topology.size, len(clusters)
   clustered = topology.cluster is not None and num > 1
-  f = _cross_fractions(topology, clusters)[c] if collective == "all_reduce" else 0.0
+  f = fraction if collective == "all_reduce" else 0.0  # c's cross share (all_reduce)
   portless = n - len(borders)
   ports = []  # per border: (bandwidth, base, slope) of each port, in units of the buffer
   for r in borders:
