@@ -1,7 +1,7 @@
 """all_reduce on the emulated cluster: one straggler at b in {1, 0.875, 0.75, 0.5}, then two.
 
 Calibrates the links first (``jaxcc.bench.calibration``), then runs
-``jaxcc.bench.allreduce`` on the testbed for psum (XLA's, over gloo), ring,
+``jaxcc.bench.collective`` (all_reduce) on the testbed for psum (XLA's, over gloo), ring,
 direct, optcc and r2ccl: the fault-free cluster, rank 3 at each b, and ranks
 1 and 3 both at 0.75 and both at 0.5. Defaults: 4 ranks at 200 Mbit/s and
 8 MiB float32 per rank, which keep the 2 cores of a CI machine network-bound
@@ -19,7 +19,7 @@ import pathlib
 import sys
 import time
 
-from jaxcc.bench import allreduce, calibration, report
+from jaxcc.bench import calibration, collective, report
 from jaxcc.testbed import Cluster
 
 CONFIGURATIONS = ({}, {3: 0.875}, {3: 0.75}, {3: 0.5}, {1: 0.75, 3: 0.75}, {1: 0.5, 3: 0.5})
@@ -37,8 +37,9 @@ def main() -> None:
   with Cluster(args.ranks, args.rate) as cluster:
     calib = calibration.calibrate(cluster)
   print(report.calibration_table(calib), flush=True)
-  rows = allreduce.run(args.ranks, args.mib << 20, rate=args.rate, configurations=CONFIGURATIONS,
-                       repeats=args.repeats, testbed=True, link_efficiency=calib["efficiency"])
+  rows = collective.run("all_reduce", args.ranks, args.mib << 20, rate=args.rate,
+                        configurations=CONFIGURATIONS, repeats=args.repeats, testbed=True,
+                        link_efficiency=calib["efficiency"])
   print(report.table(rows))
   print(report.summary(rows))
   print(checks(rows))

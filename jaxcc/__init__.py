@@ -3,6 +3,7 @@
 from jaxcc import codec, optim, schedules, sim
 from jaxcc.collectives import all_gather, all_reduce, broadcast, ppermute, reduce_scatter
 from jaxcc.planner import plan
+from jaxcc.probe import probe_topology
 from jaxcc.schedules import Schedule
 from jaxcc.topology import Topology
 
@@ -18,6 +19,7 @@ __all__ = [
     "optim",
     "plan",
     "ppermute",
+    "probe_topology",
     "reduce_scatter",
     "schedules",
     "sim",

@@ -1,9 +1,11 @@
-"""The ``jaxcc`` command: ``jaxcc bench allreduce|sweep|calibrate ...``.
+"""The ``jaxcc`` command: ``jaxcc bench allreduce|reducescatter|allgather|sweep|calibrate ...``.
 
 Examples:
   jaxcc bench allreduce --ranks 4 --size 256KiB --algorithms psum,ring,optcc --repeats 2
   sudo jaxcc bench allreduce --testbed --ranks 8 --rate 200mbit --straggler 5:0.5 \\
       --size 16MiB --algorithms psum,ring,direct,optcc,r2ccl --repeats 5 --json out.json
+  sudo jaxcc bench reducescatter --testbed --ranks 8 --clusters 4,4 --inter-rate 20mbit
+  sudo jaxcc bench probe --testbed --clusters 4,4 --inter-rate 20mbit --straggler 2:0.5
   sudo jaxcc bench calibrate --ranks 4 --rate 200mbit
   jaxcc bench sweep --sizes 4KiB:256MiB --json sweep.json --plot sweep.png
   jaxcc bench sweep --nproc 4 --collectives all_reduce,all_gather --executor native
@@ -16,7 +18,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from jaxcc.bench import allreduce, calibration, report, sweep
+from jaxcc.bench import calibration, collective, probe, report, sweep
 from jaxcc.testbed import Cluster
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
@@ -85,22 +87,39 @@ def _collectives(text: str) -> list[str]:
   return names
 
 
-def _algorithms(text: str) -> list[str]:
-  names = [a.strip() for a in text.split(",") if a.strip()]
-  unknown = [a for a in names if a not in allreduce.ALGORITHMS]
-  if unknown or not names:
-    raise argparse.ArgumentTypeError(
-        f"algorithms are a comma-separated list of {', '.join(allreduce.ALGORITHMS)}; got {text!r}")
-  return names
+def _names(text: str) -> list[str]:
+  return [a.strip() for a in text.split(",") if a.strip()]
 
 
-def _stragglers(args) -> dict[int, float]:
-  return {rank: f for group in args.straggler or () for rank, f in group.items()}
+def parse_clusters(text: str) -> list[int]:
+  """Cluster sizes of ``"4,4"`` or ``"3,5"``."""
+  try:
+    sizes = [int(t) for t in text.split(",")]
+  except ValueError:
+    sizes = []
+  if not sizes or min(sizes) < 1:
+    raise argparse.ArgumentTypeError(f"clusters are sizes >= 1 such as 4,4; got {text!r}")
+  return sizes
 
 
-def _bench_allreduce(args) -> None:
-  rows = allreduce.run(args.ranks, args.size, rate=args.rate, configurations=[_stragglers(args)],
-                       algorithms=args.algorithms, repeats=args.repeats, testbed=args.testbed)
+def _stragglers(args, level: str = "straggler") -> dict[int, float]:
+  return {rank: f for group in getattr(args, level) or () for rank, f in group.items()}
+
+
+def _ranks(args) -> int:
+  """--ranks, else the sum of --clusters, else 4."""
+  if args.ranks is None:
+    return sum(args.clusters) if args.clusters else 4
+  return args.ranks
+
+
+def _bench_collective(args) -> None:
+  if args.plot:
+    report.require_matplotlib("--plot")
+  rows = collective.run(args.collective, _ranks(args), args.size, rate=args.rate,
+                        configurations=[(_stragglers(args), _stragglers(args, "inter_straggler"))],
+                        algorithms=args.algorithms, repeats=args.repeats, testbed=args.testbed,
+                        clusters=args.clusters, inter_rate=args.inter_rate)
   print(report.table(rows))
   if args.json:
     report.write_json(rows, args.json)
@@ -133,6 +152,18 @@ def _bench_calibrate(args) -> None:
     report.write_json(result, args.json)
 
 
+def _bench_probe(args) -> None:
+  if not args.testbed:
+    raise ValueError("bench probe runs on the testbed: pass --testbed (needs root); in a "
+                     "jax.distributed job call jaxcc.probe_topology(mesh, axis_name)")
+  result = probe.run(_ranks(args), rate=args.rate, stragglers=_stragglers(args),
+                     clusters=args.clusters, inter_rate=args.inter_rate,
+                     inter_stragglers=_stragglers(args, "inter_straggler"))
+  print(probe.table(result))
+  if args.json:
+    report.write_json(result, args.json)
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="jaxcc", description="jaxcc: collective communication "
                                    "for JAX on real, imperfect networks.")
@@ -142,29 +173,46 @@ def _parser() -> argparse.ArgumentParser:
   bench.set_defaults(level=bench)
   benches = bench.add_subparsers(title="benchmarks")
 
+  def clustered(p):
+    p.add_argument("--clusters", type=parse_clusters, metavar="SIZES",
+                   help="sizes of consecutive clusters along the ranks, e.g. 4,4 (sets --ranks)")
+    p.add_argument("--inter-rate", metavar="RATE",
+                   help="with --clusters: each rank's cross-cluster rate (default --rate)")
+    p.add_argument("--inter-straggler", action="append", type=parse_stragglers,
+                   metavar="RANK:FRACTION",
+                   help="with --clusters: a rank's cross-cluster rate at FRACTION; repeatable")
+
   def common(p, ranks):
-    p.add_argument("--ranks", type=int, default=ranks, help=f"number of ranks (default {ranks})")
+    p.add_argument("--ranks", type=int, default=ranks,
+                   help=f"number of ranks (default {ranks or '4, or the sum of --clusters'})")
     p.add_argument("--rate", default="200mbit",
                    help="link rate of every rank, a tc rate (default 200mbit)")
     p.add_argument("--straggler", action="append", type=parse_stragglers, metavar="RANK:FRACTION",
                    help="a rank at FRACTION of the rate; repeatable or comma-separated")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
-  p = benches.add_parser(
-      "allreduce", help="time all_reduce algorithms",
-      description="Time all_reduce algorithms on virtual CPU devices (default) or on the testbed "
-                  "(--testbed, root): median of --repeats runs, the slowest rank's time each, "
-                  "against the fault-free psum, the lower bound and the simulator's prediction.")
-  common(p, 4)
-  p.add_argument("--size", type=parse_size, default=8 << 20,
-                 help="float32 bytes per rank, e.g. 16MiB (default 8MiB)")
-  p.add_argument("--algorithms", type=_algorithms, default=list(allreduce.ALGORITHMS),
-                 help="comma-separated; psum is XLA's lax.psum (default all)")
-  p.add_argument("--repeats", type=int, default=5, help="timed runs (default 5)")
-  p.add_argument("--testbed", action="store_true",
-                 help="run on an emulated cluster of network namespaces (needs root)")
-  p.add_argument("--plot", metavar="PATH", help="write a PNG of time / lower bound")
-  p.set_defaults(command=_bench_allreduce)
+  for command, name in (("allreduce", "all_reduce"), ("reducescatter", "reduce_scatter"),
+                        ("allgather", "all_gather")):
+    algorithms = collective.ALGORITHMS[name]
+    p = benches.add_parser(
+        command, help=f"time {name} algorithms",
+        description=f"Time {name} algorithms on virtual CPU devices (default) or on the testbed "
+                    "(--testbed, root), flat or in clusters (--clusters): median of --repeats "
+                    "runs, the slowest rank's time each, against the fault-free lax twin "
+                    f"({collective.BASELINES[name]}), the lower bound and the simulator's "
+                    "prediction; on testbed clusters also the bytes sent across clusters.")
+    common(p, None)
+    clustered(p)
+    p.add_argument("--size", type=parse_size, default=8 << 20,
+                   help="float32 bytes per rank (the full buffer), e.g. 16MiB (default 8MiB)")
+    p.add_argument("--algorithms", type=_names,
+                   help=f"comma-separated of {','.join(algorithms)} (default: all but "
+                        "hierarchical; on clusters lax, ring and hierarchical)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs (default 5)")
+    p.add_argument("--testbed", action="store_true",
+                   help="run on an emulated cluster of network namespaces (needs root)")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of time / lower bound")
+    p.set_defaults(command=_bench_collective, collective=name)
 
   p = benches.add_parser(
       "sweep", help="every collective at every size against lax (nccl-tests style)",
@@ -201,6 +249,16 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
   p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw and lax / jaxcc")
   p.set_defaults(command=_bench_sweep)
+
+  p = benches.add_parser(
+      "probe", help="jaxcc.probe_topology on the testbed against the configured network (root)",
+      description="Build a testbed cluster, measure it with jaxcc.probe_topology over jaxcc's "
+                  "TCP transport, and compare each port's probed rate, the clusters and the "
+                  "stragglers with the configuration (needs root).")
+  common(p, None)
+  clustered(p)
+  p.add_argument("--testbed", action="store_true", help="run on the testbed (required)")
+  p.set_defaults(command=_bench_probe)
 
   p = benches.add_parser(
       "calibrate", help="measured link throughput vs the configured rate (testbed, root)",

@@ -13,7 +13,7 @@ import pytest
 from testbed_helpers import namespaces, require
 
 from jaxcc import cli, testbed
-from jaxcc.bench import allreduce, report, sweep
+from jaxcc.bench import collective, report, sweep
 from jaxcc.testbed import netns
 
 KEYS = {"algorithm", "ranks", "stragglers", "nbytes", "measured_s", "lower_bound_s", "simulated_s",
@@ -51,11 +51,15 @@ def test_the_parser_takes_the_issues_command_line(capsys):
       8, "200mbit", 16 << 20, 5, True)
   assert args.algorithms == ["psum", "ring", "direct", "optcc", "r2ccl"]
   assert cli._stragglers(args) == {5: 0.5, 6: 0.75, 7: 1.0}
-  with pytest.raises(SystemExit):
-    cli.main(["bench", "allreduce", "--algorithms", "psum,nccl"])
-  assert "psum, ring, direct, optcc, r2ccl" in capsys.readouterr().err
+  assert cli.main(["bench", "allreduce", "--algorithms", "psum,nccl"]) == 1
+  assert "psum, ring, direct, optcc, r2ccl, hierarchical; got ['psum', 'nccl']" in (
+      capsys.readouterr().err)
+  args = cli._parser().parse_args("bench reducescatter --clusters 4,4 --inter-rate 20mbit "
+                                  "--inter-straggler 4:0.5 --testbed".split())
+  assert (args.collective, args.clusters, args.inter_rate) == ("reduce_scatter", [4, 4], "20mbit")
+  assert cli._stragglers(args, "inter_straggler") == {4: 0.5}
   assert cli.main(["bench", "allreduce", "--straggler", "9:0.5", "--ranks", "4"]) == 1
-  assert "rank must be in [0, 4)" in capsys.readouterr().err
+  assert "needs a rank in [0, 4)" in capsys.readouterr().err
 
 
 def test_the_table_gives_every_ratio():
@@ -107,7 +111,7 @@ def test_a_testbed_run_is_network_bound_and_tears_down(tmp_path, capsys, monkeyp
       clusters.append(self)
       return super().__enter__()
 
-  monkeypatch.setattr(allreduce, "Cluster", Recorded)
+  monkeypatch.setattr(collective, "Cluster", Recorded)
   status = cli.main(["bench", "allreduce", "--testbed", "--ranks", "4", "--rate", "200mbit",
                      "--straggler", "3:0.5", "--size", "2MiB", "--algorithms", "psum,ring,optcc",
                      "--repeats", "2", "--json", str(tmp_path / "rows.json")])

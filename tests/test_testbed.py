@@ -5,13 +5,17 @@ where that is a failure.
 """
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 from testbed_helpers import namespaces, require
 
+import jaxcc
 from jaxcc import launcher, testbed
-from jaxcc.bench import allreduce
+from jaxcc.bench import collective
+from jaxcc.schedules.hierarchical import cross_cluster_bytes
 from jaxcc.testbed import netns
 
 pytestmark = pytest.mark.multiprocess
@@ -25,7 +29,8 @@ def test_psum_and_optcc_agree_on_a_cluster_with_a_straggler():
     assert len(namespaces(prefix)) == 4
     before = [cluster.bytes(i) for i in range(4)]
     # The benchmark's worker checks every result against the exact sum.
-    results = allreduce.measure(cluster.topology, 1 << 20, ["psum", "optcc"], 3, cluster=cluster)
+    results = collective.measure("all_reduce", cluster.topology, 1 << 20, ["psum", "optcc"], 3,
+                                 cluster=cluster)
     after = [cluster.bytes(i) for i in range(4)]
   assert [r["process"] for r in results] == [0, 1, 2, 3]
   for b, a in zip(before, after):  # at least one MiB each way per rank per timed run
@@ -49,6 +54,10 @@ def test_rates_parse_and_stragglers_scale_them():
   assert c.rates == (200e6, 50e6, 200e6)
   assert c.topology.send_bandwidth == (25e6, 6.25e6, 25e6)
   assert testbed.parse_rate(1e9) == 1e9
+  clustered = testbed.Cluster(5, rate="200mbit", stragglers={1: 0.5}, clusters=(2, 3),
+                              inter_rate="20mbit", inter_stragglers={3: 0.25})
+  assert clustered.topology == jaxcc.Topology.clusters([2, 3], 25e6, 2.5e6).with_straggler(
+      1, 0.5, "intra").with_straggler(3, 0.25, "inter")
   with pytest.raises(ValueError):
     testbed.parse_rate("fast")
 
@@ -76,3 +85,48 @@ def test_cleanup_stale_removes_a_crashed_runs_leftovers():
   removed = testbed.cleanup_stale()
   assert {f"{prefix}0", f"{prefix}1", cluster.bridge} <= set(removed)
   assert not namespaces(prefix) and not os.path.exists(f"/sys/class/net/{cluster.bridge}")
+
+
+def test_two_clusters_sum_like_numpy_and_count_the_formulas_cross_cluster_bytes():
+  require()
+  nbytes = 1 << 20
+  rows = collective.run("all_reduce", 4, nbytes, rate="200mbit", clusters=(2, 2),
+                        inter_rate="50mbit", algorithms=["hierarchical"], repeats=1,
+                        testbed=True, link_efficiency=1.0, progress=False)
+  # The worker checked every rank's result against numpy's exact sum.
+  for r in rows:
+    expected = cross_cluster_bytes("all_reduce", nbytes, 2)
+    assert r["inter_cluster_bytes_expected"] == expected, r
+    assert 1.0 <= r["inter_cluster_bytes_measured"] / expected < 1.03, r
+    assert r["measured_s"] > 0.8 * r["lower_bound_s"], r
+
+
+def test_a_clustered_host_has_two_ports_counted_apart():
+  require()
+  with testbed.Cluster(3, rate="200mbit", clusters=(2, 1), inter_rate="20mbit",
+                       inter_stragglers={2: 0.5}) as cluster:
+    assert cluster.link_rate(0, 1) == 200e6 and cluster.link_rate(0, 2) == 10e6
+    topology = cluster.topology
+    assert topology.cluster == (0, 0, 1) and topology.inter_send_bandwidth == (2.5e6, 2.5e6, 1.25e6)
+    before = [cluster.level_bytes(i) for i in range(3)]
+    script = ("import socket, sys\n"
+              "s = socket.create_connection(sys.argv[1:3])\n"
+              "s.sendall(bytes(1 << 20)); s.close()\n")
+    server = subprocess.Popen(["ip", "netns", "exec", cluster.netns(2), sys.executable, "-c",
+                               "import socket\nl = socket.create_server(('', 5201))\n"
+                               "c, _ = l.accept()\nwhile c.recv(1 << 16): pass\n"])
+    time.sleep(0.5)
+    subprocess.run(["ip", "netns", "exec", cluster.netns(0), sys.executable, "-c", script,
+                    cluster.address(2), "5201"], check=True, timeout=30)
+    server.wait(timeout=30)
+    after = [cluster.level_bytes(i) for i in range(3)]
+    cluster.set_rate(2, "40mbit", level="inter")
+    assert cluster.inter_rates[2] == 40e6
+  sent = after[0]["inter"][0] - before[0]["inter"][0]
+  received = after[2]["inter"][1] - before[2]["inter"][1]
+  assert 1 << 20 <= sent < 1.03 * (1 << 20) and 1 << 20 <= received < 1.03 * (1 << 20)
+  assert after[0]["intra"][0] - before[0]["intra"][0] < 10_000  # nothing went to rank 1
+  with pytest.raises(ValueError, match="sum to n"):
+    testbed.Cluster(3, clusters=(2, 2))
+  with pytest.raises(ValueError, match="need clusters"):
+    testbed.Cluster(3, inter_rate="20mbit")

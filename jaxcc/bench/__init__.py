@@ -1,12 +1,12 @@
-"""Benchmarks behind ``jaxcc bench``: all_reduce, the collective sweep, calibration.
+"""Benchmarks behind ``jaxcc bench``: one collective's algorithms, the sweep, calibration.
 
-``allreduce.run`` measures algorithms under straggler configurations and
-returns rows with the lower bound, the simulator's prediction and the
-fault-free psum; ``sweep.run`` times every collective at every size against
+``collective.run`` measures a collective's algorithms under straggler
+configurations, flat or in clusters, and returns rows with the lower bound,
+the simulator's prediction and the fault-free lax twin; ``sweep.run`` times every collective at every size against
 its lax twin (algbw, busbw); ``calibration.calibrate`` measures a testbed's
 links; ``report`` turns each into tables, JSON and a plot.
 """
 
-from jaxcc.bench import allreduce, calibration, report, sweep
+from jaxcc.bench import calibration, collective, report, sweep
 
-__all__ = ["allreduce", "calibration", "report", "sweep"]
+__all__ = ["calibration", "collective", "report", "sweep"]

@@ -5,7 +5,7 @@ each NIC carries one TCP flow out and one in, as in a ring all_reduce. The
 ratio of measured goodput (payload bits/s, past TCP's start) to the link's
 configured rate (the slower of the sender's and the receiver's) is the link
 efficiency: what framing, ACKs and the token buckets leave of the rate.
-``jaxcc.bench.allreduce`` simulates its schedules on the configured rates
+``jaxcc.bench.collective`` simulates its schedules on the configured rates
 times the median efficiency.
 """
 
@@ -36,7 +36,7 @@ def calibrate(cluster: Cluster, seconds: float = 2.0, timeout_s: float = 120) ->
   """
   if cluster.n < 2:
     raise ValueError(f"calibrate: needs at least 2 hosts, got {cluster.n}")
-  configured = [min(cluster.rates[i], cluster.rates[(i + 1) % cluster.n]) for i in range(cluster.n)]
+  configured = [cluster.link_rate(i, (i + 1) % cluster.n) for i in range(cluster.n)]
   nbytes = int(min(configured) / 8 * seconds)
   config = {"addresses": [cluster.address(i) for i in range(cluster.n)],
             "port": random.randint(20000, 40000), "nbytes": nbytes, "timeout_s": timeout_s}

@@ -26,6 +26,19 @@ def format_stragglers(stragglers: Mapping[int, float]) -> str:
   return ",".join(f"{r}:{f:g}" for r, f in sorted(stragglers.items())) or "none"
 
 
+def format_configuration(stragglers: Mapping[int, float],
+                         inter_stragglers: Mapping[int, float] | None = None) -> str:
+  """``3:0.5``, ``inter 4:0.5``, ``3:0.5; inter 4:0.5`` or ``none``."""
+  parts = [format_stragglers(stragglers)] if stragglers else []
+  if inter_stragglers:
+    parts.append(f"inter {format_stragglers(inter_stragglers)}")
+  return "; ".join(parts) or "none"
+
+
+def _configuration(row: dict) -> str:
+  return format_configuration(row["stragglers"], row.get("inter_stragglers"))
+
+
 def format_seconds(t: float) -> str:
   """``0.527 s``, ``12.3 ms`` under a second, ``85 us`` under a millisecond."""
   if t >= 1:
@@ -34,28 +47,39 @@ def format_seconds(t: float) -> str:
 
 
 def table(rows: Sequence[dict]) -> str:
-  """A markdown table of ``jaxcc.bench.allreduce.run`` rows, after a line naming the setup.
+  """A markdown table of ``jaxcc.bench.collective.run`` rows, after a line naming the setup.
 
   Columns: the stragglers, the algorithm, the median measured time, its ratio to
-  the fault-free psum, to the lower bound and to ``T_ff / b`` (the fault-free
+  the fault-free lax twin, to the lower bound and to ``T_ff / b`` (the fault-free
   ring's link-rate time over the slowest fraction), the lower bound, the
-  simulator's prediction and its ratio to the measured time.
+  simulator's prediction and its ratio to the measured time; on a testbed of
+  clusters, the bytes measured across clusters over the schedule's count.
   """
   first = rows[0]
   where = "on the testbed" if first["testbed"] else "on virtual CPU devices"
-  lines = [f"all_reduce of {format_size(first['nbytes'])} float32 per rank, {first['ranks']} "
-           f"ranks at {first['rate_bps'] / 1e6:g} Mbit/s {where}, median of {first['repeats']}; "
+  network = f"{first['ranks']} ranks at {first['rate_bps'] / 1e6:g} Mbit/s"
+  if first.get("clusters"):
+    network = (f"{first['ranks']} ranks in clusters {'+'.join(map(str, first['clusters']))}, "
+               f"{first['rate_bps'] / 1e6:g} Mbit/s inside, "
+               f"{first['inter_rate_bps'] / 1e6:g} Mbit/s across")
+  counted = "inter_cluster_bytes_measured" in first
+  lines = [f"{first.get('collective', 'all_reduce')} of {format_size(first['nbytes'])} float32 "
+           f"per rank, {network} {where}, median of {first['repeats']}; "
            f"simulated at {first['link_efficiency']:.3f} x the configured rates",
-           "| stragglers | algorithm | measured | / fault-free psum | / lower bound | / (T_ff/b) "
-           "| lower bound | simulated | simulated / measured |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| stragglers | algorithm | measured | / fault-free lax | / lower bound | / (T_ff/b) "
+           "| lower bound | simulated | simulated / measured |" +
+           (" cross-cluster bytes | measured / expected |" if counted else ""),
+           "| --- " * (11 if counted else 9) + "|"]
   for r in rows:
     t = r["measured_s"]
-    lines.append(
-        f"| {format_stragglers(r['stragglers'])} | {r['algorithm']} | {format_seconds(t)} "
-        f"| {t / r['fault_free_psum_s']:.2f} | {t / r['lower_bound_s']:.2f} "
-        f"| {t / r['t_ff_over_b_s']:.2f} | {format_seconds(r['lower_bound_s'])} "
-        f"| {format_seconds(r['simulated_s'])} | {r['simulated_s'] / t:.2f} |")
+    line = (f"| {_configuration(r)} | {r['algorithm']} | {format_seconds(t)} "
+            f"| {t / r['fault_free_psum_s']:.2f} | {t / r['lower_bound_s']:.2f} "
+            f"| {t / r['t_ff_over_b_s']:.2f} | {format_seconds(r['lower_bound_s'])} "
+            f"| {format_seconds(r['simulated_s'])} | {r['simulated_s'] / t:.2f} |")
+    if counted:
+      measured, expected = r["inter_cluster_bytes_measured"], r["inter_cluster_bytes_expected"]
+      line += f" {measured / 2**20:.2f} MiB | {measured / expected:.3f} |"
+    lines.append(line)
   return "\n".join(lines)
 
 
@@ -66,7 +90,7 @@ def summary(rows: Sequence[dict]) -> str:
            "| --- " * (len(algorithms) + 2) + "|"]
   by_config = {}
   for r in rows:
-    by_config.setdefault(format_stragglers(r["stragglers"]), {})[r["algorithm"]] = r
+    by_config.setdefault(_configuration(r), {})[r["algorithm"]] = r
   for config, cells in by_config.items():
     bound = next(iter(cells.values()))["lower_bound_s"]
     lines.append(f"| {config} | {format_seconds(bound)} | " + " | ".join(
@@ -134,7 +158,7 @@ def plot(rows: Sequence[dict], path: str | os.PathLike) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  configs = list(dict.fromkeys(format_stragglers(r["stragglers"]) for r in rows))
+  configs = list(dict.fromkeys(_configuration(r) for r in rows))
   algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
   width = 0.8 / len(algorithms)
   fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs)), 3.8))
@@ -142,7 +166,7 @@ def plot(rows: Sequence[dict], path: str | os.PathLike) -> None:
     xs, measured, simulated = [], [], []
     for r in rows:
       if r["algorithm"] == alg:
-        xs.append(configs.index(format_stragglers(r["stragglers"])) + (k + 0.5) * width - 0.4)
+        xs.append(configs.index(_configuration(r)) + (k + 0.5) * width - 0.4)
         measured.append(r["measured_s"] / r["lower_bound_s"])
         simulated.append(r["simulated_s"] / r["lower_bound_s"])
     ax.bar(xs, measured, width, label=alg)
@@ -152,7 +176,8 @@ def plot(rows: Sequence[dict], path: str | os.PathLike) -> None:
   ax.set_xticks(range(len(configs)), [f"stragglers {c}" for c in configs], fontsize=8)
   ax.set_ylabel("time / lower bound")
   first = rows[0]
-  ax.set_title(f"all_reduce {format_size(first['nbytes'])}/rank, {first['ranks']} ranks at "
+  ax.set_title(f"{first.get('collective', 'all_reduce')} {format_size(first['nbytes'])}/rank, "
+               f"{first['ranks']} ranks at "
                f"{first['rate_bps'] / 1e6:g} Mbit/s, "
                f"{'testbed' if first['testbed'] else 'virtual devices'}", fontsize=10)
   ax.legend(fontsize=7, ncol=2)

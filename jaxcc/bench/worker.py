@@ -1,19 +1,23 @@
-"""One process of an all_reduce benchmark: time each algorithm; print one JSON line.
+"""One process of a collective benchmark: time each algorithm; print one JSON line.
 
-Usage: ``python worker.py CONFIG_JSON``, with CONFIG
-``{"bandwidths": [bytes/s per rank], "nbytes": int, "algorithms": [...], "repeats": int,
-"progress": path or null}``; ``jaxcc.bench.allreduce.measure`` starts it with
-``jaxcc.launcher.launch``: on the testbed one ``jax.distributed`` process of one
-CPU device per host, elsewhere one process with one virtual CPU device per rank.
+Usage: ``python worker.py CONFIG_JSON``, with CONFIG ``{"collective": name,
+"topology": {Topology fields}, "nbytes": int, "algorithms": [...], "repeats": int,
+"count_bytes": bool, "progress": path or null}``; ``jaxcc.bench.collective.measure``
+starts it with ``jaxcc.launcher.launch``: on the testbed one ``jax.distributed``
+process of one CPU device per host, elsewhere one process with one virtual
+CPU device per rank.
 
-Every rank holds ``nbytes`` of float32 integers below 1000, so every
-summation order gives the exact sum. Each algorithm ("psum" is ``lax.psum``,
-the others ``jaxcc.all_reduce`` with that algorithm, planned for the
-bandwidths) runs once to compile, connect and check its result against the
-exact sum; then the algorithms take turns ``repeats`` times, each run timed
-from right after a one-element psum that lines the processes up to its
-result. Prints ``{"process": i, "samples": {algorithm: [seconds, ...]}}``;
-process 0 appends a line to the progress file after each run.
+Every rank holds float32 integers below 1000, so every summation order gives
+the exact sum. Each algorithm (the lax twin by its lax name, the others
+jaxcc's collective with that algorithm, planned for the topology) runs once
+to compile, connect and check its result against numpy; then the algorithms
+take turns ``repeats`` times, each run timed from right after a one-element
+psum that lines the processes up to its result. With ``count_bytes`` each
+process reads its testbed host's cross-cluster send counter
+(``jaxcc.testbed.netns.band_bytes``) around its first timed run of each
+algorithm. Prints ``{"process": i, "samples": {algorithm: [seconds, ...]}}``
+(plus ``"inter_bytes": {algorithm: bytes}``); process 0 appends a line to the
+progress file after each run.
 """
 
 import json
@@ -28,25 +32,34 @@ from jax.sharding import PartitionSpec as P
 
 import jaxcc
 from jaxcc.launcher import join
+from jaxcc.testbed.netns import band_bytes
+
+_LAX = {"psum": lambda b: lax.psum(b, "x"),
+        "psum_scatter": lambda b: lax.psum_scatter(b, "x", tiled=True),
+        "all_gather": lambda b: lax.all_gather(b, "x", tiled=True)}
+_JAXCC = {"all_reduce": jaxcc.all_reduce, "reduce_scatter": jaxcc.reduce_scatter,
+          "all_gather": jaxcc.all_gather}
 
 
 def main():
   config = json.loads(sys.argv[1])
   processes = join().num_processes
-  topology = jaxcc.Topology.from_bandwidths(config["bandwidths"])
+  topology = jaxcc.Topology(**config["topology"])
+  collective = config["collective"]
   n, size, me = topology.size, config["nbytes"] // 4, jax.process_index()
   if jax.device_count() != n:
     raise SystemExit(f"worker: {n} ranks but {jax.device_count()} devices")
   mesh = jax.make_mesh((n,), ("x",))
-  x = jax.make_array_from_callback((n, size), NamedSharding(mesh, P("x")),
-                                   lambda index: _row(index[0].start, size)[None])
-  expected = sum(_row(r, size) for r in range(n))
+  inputs, expected = _data(collective, n, size)
+  x = jax.make_array_from_callback(inputs.shape, NamedSharding(mesh, P("x")),
+                                   lambda index: inputs[index])
 
   def smap(fn):
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P()))
+    return jax.jit(jax.shard_map(lambda b: fn(b[0])[None], mesh=mesh, in_specs=P("x"),
+                                 out_specs=P("x")))
 
-  line_up = smap(lambda b: lax.psum(b[:, :1], "x"))
-  fns = {name: smap(_collective(name, topology)) for name in config["algorithms"]}
+  line_up = smap(lambda b: lax.psum(b[:1], "x"))
+  fns = {name: smap(_collective(collective, name, topology)) for name in config["algorithms"]}
 
   def note(text):
     if me == 0 and config["progress"]:
@@ -54,31 +67,48 @@ def main():
         f.write(text + "\n")
 
   for name, f in fns.items():
-    got = np.asarray(f(x).addressable_shards[0].data)[0]
-    np.testing.assert_array_equal(got, expected, err_msg=f"{name} on process {me}")
+    for shard in f(x).addressable_shards:
+      rank = shard.index[0].start
+      np.testing.assert_array_equal(np.asarray(shard.data)[0], expected[rank],
+                                    err_msg=f"{name} on process {me}, rank {rank}")
     note(f"{name} warm-up")
   samples = {name: [] for name in fns}
+  crossed = {}
   for rep in range(config["repeats"]):
     for name, f in fns.items():
       line_up(x).block_until_ready()
+      counting = config["count_bytes"] and rep == 0
+      before = band_bytes()["inter"] if counting else 0
       start = time.perf_counter()
       f(x).block_until_ready()
       samples[name].append(time.perf_counter() - start)
+      if counting:
+        line_up(x).block_until_ready()  # the peers' ACKs of this rank's last bytes are in
+        crossed[name] = band_bytes()["inter"] - before
       note(f"{name} {rep + 1}/{config['repeats']}")
-  print(json.dumps({"process": me, "samples": samples}), flush=True)
+  out = {"process": me, "samples": samples}
+  if config["count_bytes"]:
+    out["inter_bytes"] = crossed
+  print(json.dumps(out), flush=True)
   if processes > 1:
     jax.distributed.shutdown()
 
 
-def _row(rank: int, size: int) -> np.ndarray:
-  """Rank ``rank``'s buffer: ``size`` float32 integers in [0, 1000)."""
-  return ((np.arange(size) + 7919 * rank) % 1000).astype(np.float32)
+def _data(collective: str, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Every rank's input (one row each) and its expected result (one row each)."""
+  rows = ((np.arange(size)[None] + 7919 * np.arange(n)[:, None]) % 1000).astype(np.float32)
+  if collective == "all_reduce":
+    return rows, np.broadcast_to(rows.sum(0), rows.shape)
+  if collective == "reduce_scatter":
+    return rows, rows.sum(0).reshape(n, size // n)
+  blocks = rows[:, :size // n]
+  return blocks, np.broadcast_to(blocks.reshape(-1), (n, size))
 
 
-def _collective(name: str, topology):
-  if name == "psum":
-    return lambda b: lax.psum(b, "x")
-  return lambda b: jaxcc.all_reduce(b, "x", algorithm=name, topology=topology)
+def _collective(collective: str, name: str, topology):
+  if name in _LAX:
+    return _LAX[name]
+  return lambda b: _JAXCC[collective](b, "x", algorithm=name, topology=topology)
 
 
 if __name__ == "__main__":

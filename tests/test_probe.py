@@ -1,0 +1,81 @@
+"""jaxcc.probe_topology: clusters and ports from a measured rate matrix, and a real probe.
+
+The probe itself needs the testbed (root and iproute2): skipped without them,
+except under CI (``CI`` set), where that is a failure.
+"""
+
+import jax
+import numpy as np
+import pytest
+from testbed_helpers import require
+
+import jaxcc
+from jaxcc import probe
+from jaxcc.bench import probe as probe_bench
+
+
+def _rates(send, recv, cluster, inter_send, inter_recv):
+  p = len(send)
+  rates = np.full((p, p), np.nan)
+  for i in range(p):
+    for j in range(p):
+      if i != j:
+        same = cluster[i] == cluster[j]
+        rates[i, j] = min(send[i], recv[j]) if same else min(inter_send[i], inter_recv[j])
+  return rates
+
+
+def test_clusters_ports_and_stragglers_come_back_from_the_rates():
+  configured = jaxcc.Topology.clusters([3, 5], 25e6, 2.5e6).with_straggler(1, 0.5, "intra") \
+      .with_straggler(4, 0.5, "inter")
+  noise = np.random.default_rng(0).uniform(0.98, 1.02, (8, 8))
+  rates = _rates(configured.send_bandwidth, configured.recv_bandwidth, configured.cluster,
+                 configured.inter_send_bandwidth, configured.inter_recv_bandwidth) * noise
+  got = probe.topology_from_rates(rates)
+  assert got.cluster == configured.cluster
+  for name in ("send_bandwidth", "recv_bandwidth", "inter_send_bandwidth",
+               "inter_recv_bandwidth"):
+    np.testing.assert_allclose(getattr(got, name), getattr(configured, name), rtol=0.03)
+
+
+def test_a_flat_network_stays_flat_and_a_lone_rank_gets_a_port():
+  flat = probe.topology_from_rates(_rates([25e6, 25e6, 12e6, 25e6], [25e6] * 4, [0] * 4,
+                                          [0] * 4, [0] * 4))
+  assert flat.cluster is None and flat.send_bandwidth[2] == 12e6
+  lone = probe.topology_from_rates(_rates([25e6] * 3, [25e6] * 3, [0, 0, 1], [2e6] * 3,
+                                          [2e6] * 3))
+  assert lone.cluster == (0, 0, 1) and lone.send_bandwidth[2] == 25e6
+
+
+def test_clusters_apart_along_the_axis_are_refused():
+  rates = _rates([25e6] * 4, [25e6] * 4, [0, 1, 0, 1], [2e6] * 4, [2e6] * 4)
+  with pytest.raises(ValueError, match="not consecutive"):
+    probe.topology_from_rates(rates)
+
+
+@pytest.mark.parametrize("p", [2, 3, 8])
+def test_matchings_cover_every_pair_once_with_each_rank_in_one_role(p):
+  rounds = probe.matchings(np.ones((p, p)) - np.eye(p))
+  pairs = [pair for r in rounds for pair in r]
+  assert sorted(pairs) == [(i, j) for i in range(p) for j in range(p) if i != j]
+  for r in rounds:
+    ranks = [x for pair in r for x in pair]
+    assert len(ranks) == len(set(ranks))
+  assert len(rounds) <= 2 * p
+
+
+def test_bad_arguments_fail_with_the_argument_named():
+  mesh = jax.make_mesh((8,), ("x",))
+  with pytest.raises(ValueError, match="axis_name must name an axis"):
+    jaxcc.probe_topology(mesh, "y")
+  with pytest.raises(ValueError, match="its own process"):
+    jaxcc.probe_topology(mesh, "x")
+
+
+@pytest.mark.multiprocess
+def test_the_probe_finds_the_testbeds_clusters():
+  require()
+  result = probe_bench.run(4, rate="200mbit", clusters=(2, 2), inter_rate="20mbit")
+  assert result["clusters_found"], result
+  assert 0.8 < result["worst_ratio"] < 1.25, result
+  assert result["plan_ratio"] < 1.1, result
