@@ -44,23 +44,92 @@ def test_a_killed_process_fails_its_peers_naming_it_within_the_timeout():
   assert time.monotonic() - start < 90
 
 
+def _acceptor(secret, me=1, expected=frozenset({0})):
+  """A listener with ``accept_peers`` running in a thread; its peers dict fills on success."""
+  listener = socket.create_server(("127.0.0.1", 0))
+  peers = {}
+  thread = threading.Thread(target=lambda: peers.update(tcp_bootstrap.accept_peers(
+      listener, secret, me, set(expected), time.monotonic() + 30)))
+  thread.start()
+  return listener, thread, peers
+
+
+def _challenged(address):
+  """A connection to ``address`` and the nonce of the challenge it received."""
+  conn = socket.create_connection(address)
+  got = conn.recv(100)
+  assert got[:8] == tcp_bootstrap.CHALLENGE and len(got) == 44, got
+  return conn, got[12:]
+
+
 def test_a_connection_without_the_secret_is_closed_and_reported(caplog):
   secret = b"s" * 32
-  listener = socket.create_server(("127.0.0.1", 0))
-  address = listener.getsockname()
-  peers = {}
-  accept = threading.Thread(target=lambda: peers.update(tcp_bootstrap.accept_peers(
-      listener, secret, 1, {0}, time.monotonic() + 30)))
   with caplog.at_level(logging.WARNING, logger="jaxcc"):
-    accept.start()
-    with socket.create_connection(address) as intruder:
-      intruder.sendall(tcp_bootstrap.handshake(b"JAXCC-HI", b"x" * 32, 0, 1))
-      assert intruder.recv(100) == b""  # closed without an answer
-    with socket.create_connection(address) as peer:
-      peer.sendall(tcp_bootstrap.handshake(b"JAXCC-HI", secret, 0, 1))
-      assert peer.recv(100) == tcp_bootstrap.handshake(b"JAXCC-OK", secret, 1, 0)
-      accept.join(30)
+    listener, accept, peers = _acceptor(secret)
+    address = listener.getsockname()
+    intruder, nonce = _challenged(address)
+    mine = b"n" * 32
+    intruder.sendall(tcp_bootstrap.hello(b"x" * 32, 0, 1, mine, nonce))
+    assert intruder.recv(100) == b""  # closed without an answer
+    intruder.close()
+    peer, nonce = _challenged(address)
+    peer.sendall(tcp_bootstrap.hello(secret, 0, 1, mine, nonce))
+    assert peer.recv(100) == tcp_bootstrap.ack(secret, 1, 0, nonce, mine)
+    accept.join(30)
   listener.close()
   assert list(peers) == [0]
   peers[0].close()
-  assert any("failed the handshake" in r.getMessage() for r in caplog.records)
+  peer.close()
+  assert any("failed the handshake" in r.getMessage() and "127.0.0.1" in r.getMessage()
+             for r in caplog.records)
+
+
+def test_a_replayed_or_reflected_hello_is_refused(caplog):
+  secret = b"s" * 32
+  mine = b"n" * 32
+  with caplog.at_level(logging.WARNING, logger="jaxcc"):
+    listener, accept, peers = _acceptor(secret)
+    address = listener.getsockname()
+    first, nonce = _challenged(address)
+    recorded = tcp_bootstrap.hello(secret, 0, 1, mine, nonce)  # a hello seen on the wire
+    first.close()  # the accept of that connection fails: it ends before its hello
+    replay, fresh = _challenged(address)
+    assert fresh != nonce
+    replay.sendall(recorded)
+    assert replay.recv(100) == b""
+    replay.close()
+    reflect, nonce = _challenged(address)
+    # The acceptor's own nonce sent back, with the acceptor's label and ids turned around.
+    reflect.sendall(tcp_bootstrap.ACK + recorded[8:16] + nonce +
+                    tcp_bootstrap.proof(tcp_bootstrap.ACK, secret, 0, 1, nonce, nonce))
+    assert reflect.recv(100) == b""
+    reflect.close()
+    honest, nonce = _challenged(address)
+    honest.sendall(tcp_bootstrap.hello(secret, 0, 1, mine, nonce))
+    assert honest.recv(100) == tcp_bootstrap.ack(secret, 1, 0, nonce, mine)
+    accept.join(30)
+  listener.close()
+  assert list(peers) == [0]
+  peers[0].close()
+  honest.close()
+  refused = [r for r in caplog.records if "failed the handshake" in r.getMessage()]
+  assert len(refused) == 3, [r.getMessage() for r in refused]
+
+
+def test_a_connector_refuses_an_acceptor_without_the_secret():
+  listener = socket.create_server(("127.0.0.1", 0))
+  server = threading.Thread(target=lambda: _fake_acceptor(listener))
+  server.start()
+  with socket.create_connection(listener.getsockname()) as conn:
+    with pytest.raises(ConnectionRefusedError, match="does not prove the job's secret"):
+      tcp_bootstrap.connect_peer(conn, b"s" * 32, 0, 1)
+  server.join(30)
+  listener.close()
+
+
+def _fake_acceptor(listener):
+  conn, _ = listener.accept()
+  with conn:
+    conn.sendall(tcp_bootstrap.challenge(1, b"c" * 32))
+    got = conn.recv(100)
+    conn.sendall(tcp_bootstrap.ack(b"x" * 32, 1, 0, b"c" * 32, got[16:48]))

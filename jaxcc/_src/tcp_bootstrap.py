@@ -8,9 +8,14 @@ processes (every process does so in an SPMD program), ``ensure_started``:
    ``ip:port`` in the key-value store; process 0 puts a fresh 32-byte secret
    there too;
 2. connects to every higher process and accepts every lower one: one
-   connection per process pair, each authenticated both ways by an HMAC of the
-   secret and the two process ids. A connection that fails the handshake is
-   closed and logged, and nothing it sent reaches a collective's buffer;
+   connection per process pair, authenticated both ways by a challenge and
+   response: the accepting process sends a fresh nonce, the connecting one
+   answers with its own nonce and an HMAC under the secret of both process
+   ids and both nonces, and the accepting one proves the same with another
+   label. A recorded hello fails against the next nonce, and neither side's
+   proof passes for the other's. A connection that fails the handshake is
+   closed and logged with its address, and nothing it sent reaches a
+   collective's buffer;
 3. hands the sockets to the C++ progress thread (``_jaxcc_cpu.tcp_start``).
 
 Socket policy (research/testbed.md): 4 MiB send and receive buffers (set on
@@ -41,9 +46,13 @@ from jaxcc._src import compat, config, ffi
 logger = logging.getLogger("jaxcc")
 
 _KEY = "jaxcc/tcp"
-_HELLO = b"JAXCC-HI"
-_ACK = b"JAXCC-OK"
-_MESSAGE_BYTES = 8 + 8 + 32  # magic, (from, to) process ids, HMAC-SHA256
+CHALLENGE = b"JAXCC-CH"
+HELLO = b"JAXCC-HI"
+ACK = b"JAXCC-OK"
+_NONCE = 32
+_CHALLENGE_BYTES = 8 + 4 + _NONCE  # magic, the accepting process' id, its nonce
+_HELLO_BYTES = 8 + 8 + _NONCE + 32  # magic, (from, to), the connector's nonce, HMAC-SHA256
+_ACK_BYTES = 8 + 8 + 32  # magic, (from, to), HMAC-SHA256
 _BUFFER_BYTES = 4 << 20
 _lock = threading.Lock()
 
@@ -72,18 +81,36 @@ def tune(sock: socket.socket) -> None:
       raise
 
 
-def handshake(kind: bytes, secret: bytes, src: int, dst: int) -> bytes:
-  """The message ``src`` sends ``dst`` (kind: hello or ack), proving it knows ``secret``."""
-  head = kind + struct.pack("<ii", src, dst)
-  return head + hmac.new(secret, head, hashlib.sha256).digest()
+def challenge(me: int, nonce: bytes) -> bytes:
+  """The accepting process' first message: its id and a fresh nonce."""
+  return CHALLENGE + struct.pack("<i", me) + nonce
+
+
+def proof(kind: bytes, secret: bytes, src: int, dst: int, src_nonce: bytes,
+          dst_nonce: bytes) -> bytes:
+  """HMAC-SHA256 under ``secret`` of ``kind`` (hello or ack), both ids and both nonces."""
+  return hmac.new(secret, kind + struct.pack("<ii", src, dst) + src_nonce + dst_nonce,
+                  hashlib.sha256).digest()
+
+
+def hello(secret: bytes, src: int, dst: int, src_nonce: bytes, dst_nonce: bytes) -> bytes:
+  """The connecting process' answer to ``dst``'s challenge ``dst_nonce``."""
+  return (HELLO + struct.pack("<ii", src, dst) + src_nonce +
+          proof(HELLO, secret, src, dst, src_nonce, dst_nonce))
+
+
+def ack(secret: bytes, src: int, dst: int, src_nonce: bytes, dst_nonce: bytes) -> bytes:
+  """The accepting process' proof to ``dst``, which sent ``dst_nonce`` in its hello."""
+  return ACK + struct.pack("<ii", src, dst) + proof(ACK, secret, src, dst, src_nonce, dst_nonce)
 
 
 def accept_peers(listener: socket.socket, secret: bytes, me: int, expected: set[int],
                  deadline: float) -> dict[int, socket.socket]:
   """Accept one authenticated connection from each process in ``expected``; answer each.
 
-  A connection whose hello is not ``handshake(HELLO, secret, q, me)`` for an
-  expected ``q`` not yet connected is closed and logged.
+  Each connection gets a fresh challenge; one whose hello is not ``hello``
+  of an expected ``q`` not yet connected, for that challenge, is closed and
+  logged with its address.
   """
   peers: dict[int, socket.socket] = {}
   while len(peers) < len(expected):
@@ -97,12 +124,17 @@ def accept_peers(listener: socket.socket, secret: bytes, me: int, expected: set[
           f"{missing} to connect (JAXCC_TIMEOUT_S sets the limit)") from None
     try:
       conn.settimeout(min(max(deadline - time.monotonic(), 1e-3), 10.0))
-      hello = _recv_exact(conn, _MESSAGE_BYTES)
-      src = struct.unpack("<i", hello[8:12])[0]
-      if (src not in expected or src in peers
-          or not hmac.compare_digest(hello, handshake(_HELLO, secret, src, me))):
-        raise ConnectionRefusedError("wrong secret or process id")
-      conn.sendall(handshake(_ACK, secret, me, src))
+      nonce = secrets.token_bytes(_NONCE)
+      conn.sendall(challenge(me, nonce))
+      got = _recv_exact(conn, _HELLO_BYTES)
+      src, dst = struct.unpack("<ii", got[8:16])
+      their = got[16:16 + _NONCE]
+      if (dst != me or src not in expected or src in peers or their == nonce
+          or not hmac.compare_digest(got, hello(secret, src, me, their, nonce))):
+        raise ConnectionRefusedError(
+            "its hello does not answer this challenge with the job's secret (a wrong secret or "
+            "process id, or a replayed or reflected message)")
+      conn.sendall(ack(secret, me, src, nonce, their))
     except OSError as e:
       logger.warning("jaxcc: process %d closed a TCP connection from %s that failed the "
                      "handshake: %s", me, addr, e)
@@ -111,6 +143,18 @@ def accept_peers(listener: socket.socket, secret: bytes, me: int, expected: set[
     tune(conn)
     peers[src] = conn
   return peers
+
+
+def connect_peer(sock: socket.socket, secret: bytes, me: int, q: int) -> None:
+  """Answer process ``q``'s challenge on the connected ``sock`` and check its proof."""
+  got = _recv_exact(sock, _CHALLENGE_BYTES)
+  theirs = got[12:]
+  if got[:8] != CHALLENGE or struct.unpack("<i", got[8:12])[0] != q:
+    raise ConnectionRefusedError(f"its first message is not process {q}'s challenge")
+  nonce = secrets.token_bytes(_NONCE)
+  sock.sendall(hello(secret, me, q, nonce, theirs))
+  if not hmac.compare_digest(_recv_exact(sock, _ACK_BYTES), ack(secret, q, me, theirs, nonce)):
+    raise ConnectionRefusedError("its answer does not prove the job's secret")
 
 
 def _start() -> None:
@@ -131,21 +175,17 @@ def _start() -> None:
     if me == 0:
       compat.kv_set(f"{_KEY}/secret", secrets.token_hex(32))
     secret = bytes.fromhex(_kv_get(f"{_KEY}/secret", 0, deadline))
-    for q in range(me + 1, n):  # connect up: a listener exists once its address is out
+    # Connect up, then accept: the highest process accepts first, so every
+    # challenge a connector waits for comes from a process that is accepting.
+    for q in range(me + 1, n):  # a listener exists once its address is out
       peer_host, port = _kv_get(f"{_KEY}/addr/{q}", q, deadline).rsplit(":", 1)
       peers[q] = socket.socket(family, socket.SOCK_STREAM)
       tune(peers[q])
-      with _naming(me, q, "accept the connection"):
+      with _naming(me, q, "accept the connection and answer the handshake"):
         peers[q].settimeout(max(deadline - time.monotonic(), 1e-3))
         peers[q].connect((peer_host.strip("[]"), int(port)))
-        peers[q].sendall(handshake(_HELLO, secret, me, q))
+        connect_peer(peers[q], secret, me, q)
     peers.update(accept_peers(listener, secret, me, set(range(me)), deadline))
-    for q in range(me + 1, n):
-      with _naming(me, q, "answer the handshake"):
-        peers[q].settimeout(max(deadline - time.monotonic(), 1e-3))
-        if not hmac.compare_digest(_recv_exact(peers[q], _MESSAGE_BYTES),
-                                   handshake(_ACK, secret, q, me)):
-          raise ConnectionRefusedError("its answer does not prove the job's secret")
     fds = [-1] * n
     for q, sock in peers.items():
       fds[q] = sock.detach()
