@@ -177,3 +177,22 @@ def test_a_sweep_rejects_bad_options_before_any_work(capsys, monkeypatch):
   assert cli.parse_sizes("1KiB:8KiB:x2") == [1024, 2048, 4096, 8192]
   assert cli.parse_sizes("4KiB,1MiB") == [4096, 1 << 20]
   assert sweep.repeats_at(4 << 20, 10) == 10 and sweep.repeats_at(256 << 20, 10) == 3
+
+
+def test_clusters_on_virtual_devices_give_every_collectives_rows(tmp_path, capsys):
+  for command, name, baseline in (("reducescatter", "reduce_scatter", "psum_scatter"),
+                                  ("allgather", "all_gather", "all_gather")):
+    status = cli.main(["bench", command, "--clusters", "2,2", "--inter-rate", "20mbit",
+                       "--inter-straggler", "2:0.5", "--size", "64KiB", "--repeats", "1",
+                       "--json", str(tmp_path / f"{command}.json")])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert f"{name} of 64 KiB float32 per rank, 4 ranks in clusters 2+2" in out
+    rows = json.loads((tmp_path / f"{command}.json").read_text())
+    assert [r["algorithm"] for r in rows] == [baseline, "ring", "hierarchical"]
+    for r in rows:
+      assert KEYS <= set(r) and r["collective"] == name and r["clusters"] == [2, 2], r
+      assert r["inter_stragglers"] == {"2": 0.5} and r["inter_rate_bps"] == 20e6, r
+      assert r["inter_cluster_bytes_expected"] > 0 and "inter_cluster_bytes_measured" not in r
+  hierarchical = rows[-1]
+  assert hierarchical["inter_cluster_bytes_expected"] == 64 << 10  # (C-1) N
