@@ -13,18 +13,20 @@ transport jaxcc's collectives run on:
    of a flow already running, which leaves out latency, TCP's start and a
    token bucket's burst (the calls that carried a pair's first 512 KiB). A
    first pass with ``nbytes`` per pair sizes the second, whose pairs carry
-   ``seconds`` of their first-pass rate each.
+   ``seconds`` of their first-pass rate each; a pair whose gaps still come
+   out under ``seconds / 2`` is measured again, sized by its latest rate.
 3. Clusters: ranks joined by a pair rate above the widest gap (a factor of
-   at least ``cluster_gap``) in the sorted pair rates form a cluster; none
-   above such a gap: one flat cluster.
+   at least ``cluster_gap``) in the sorted pair rates form a cluster, each
+   rate taken over the fastest pair of its slower end, so that a straggler
+   stays in its cluster; no such gap: one flat cluster.
 4. Ports: a rank's send (receive) rate inside its cluster is the fastest
    rate it reached to (from) a rank of its cluster, and likewise across
    clusters (a pair runs at the slower of its sender's and receiver's ports).
 
 Bytes sent per rank: to each peer, ``nbytes`` times 2 + 512 KiB / ``nbytes`` + 4
 in the first pass, and about 5 times ``seconds`` of its rate plus 1 MiB in the
-second. On 8 testbed hosts at
-200 Mbit/s inside two clusters and 20 Mbit/s across, about 15 seconds.
+second (and in each repeat of a short pair). On 8 testbed hosts at
+200 Mbit/s inside two clusters and 20 Mbit/s across, 18-22 seconds.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ _API = "jaxcc.probe_topology"
 _ITEM = 4  # float32 elements
 _SETTLE_BYTES = 512 << 10  # a pair's first bytes of a round, left out of its time
 _GAPS = 4  # gaps between call ends timed per pair and round, at least
+_PASSES = 3  # passes after the first: all pairs, then those whose gaps were too short
 _GROWTH = 64  # the second pass sends at most this many times the first pass' bytes per pair
 
 
 def probe_topology(mesh: Mesh, axis_name: str, *, nbytes: int = 64 << 10,
-                   seconds: float = 0.05, cluster_gap: float = 2.0) -> Topology:
+                   seconds: float = 0.08, cluster_gap: float = 2.0) -> Topology:
   """Measure the network between the ranks of ``axis_name`` and return it as a Topology.
 
   Every process must call it (it runs collectives). Call it again after the
@@ -75,12 +78,18 @@ def probe_topology(mesh: Mesh, axis_name: str, *, nbytes: int = 64 << 10,
   p = mesh.shape[axis_name]
   lengths = np.full((p, p), nbytes // _ITEM, np.int64)
   np.fill_diagonal(lengths, 0)
-  first = lengths * _ITEM / measure_times(mesh, axis_name, lengths)
-  lengths = np.clip(np.nan_to_num(first) * seconds / _ITEM, nbytes // _ITEM,
-                    _GROWTH * nbytes // _ITEM).astype(np.int64)
-  np.fill_diagonal(lengths, 0)
-  return topology_from_rates(lengths * _ITEM / measure_times(mesh, axis_name, lengths),
-                             cluster_gap)
+  rates = lengths * _ITEM / measure_times(mesh, axis_name, lengths)
+  short = np.ones((p, p), bool)
+  np.fill_diagonal(short, False)
+  for _ in range(_PASSES):  # re-measure the pairs whose gaps came out short of `seconds` / 2
+    lengths = np.where(short, np.clip(np.nan_to_num(rates) * seconds / _ITEM, nbytes // _ITEM,
+                                      _GROWTH * nbytes // _ITEM), 0).astype(np.int64)
+    times = measure_times(mesh, axis_name, lengths)
+    rates = np.where(short, lengths * _ITEM / times, rates)
+    short = short & (times < seconds / 2)
+    if not short.any():
+      break
+  return topology_from_rates(rates, cluster_gap)
 
 
 def measure_times(mesh: Mesh, axis_name: str, lengths: np.ndarray) -> np.ndarray:
@@ -155,9 +164,10 @@ def _merge(gathered: np.ndarray) -> np.ndarray:
 def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0) -> Topology:
   """The Topology of a measured ``[src, dst]`` rate matrix (bytes/s, diagonal ignored).
 
-  Clusters: ranks joined by a pair faster than the widest gap (at least
-  ``cluster_gap``) in the sorted rates; each rank's ports: its fastest rate
-  to and from its cluster, and across.
+  Clusters: ranks joined by a pair above the widest gap (at least
+  ``cluster_gap``) in the sorted pair rates, each over the fastest pair of
+  its slower end (so that a straggler's slow port does not cut it off); each
+  rank's ports: its fastest rate to and from its cluster, and across.
 
   Raises:
     ValueError: a cluster's ranks are not consecutive along the axis (the
@@ -169,13 +179,16 @@ def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0) -> Topology
   if p == 1:
     return Topology.uniform(1, 1.0)
   pair = np.fmax(rates, rates.T)  # a pair belongs together if either direction is fast
-  values = np.sort(pair[off])
+  fastest = np.max(np.where(off, pair, -np.inf), axis=1)
+  # Over the slower end's fastest pair: a straggler's own slow port leaves it in its cluster.
+  relative = pair / np.minimum.outer(fastest, fastest)
+  values = np.sort(relative[off])
   ratios = values[1:] / values[:-1]
   cut = int(np.argmax(ratios))
   if ratios[cut] < cluster_gap:
     return Topology.from_bandwidths(_port_rate(rates, off, 1),
                                     recv_bandwidths=_port_rate(rates, off, 0))
-  cluster = _components(pair > values[cut], p)
+  cluster = _components(relative > values[cut], p)
   if any(b < a for a, b in zip(cluster, cluster[1:])):
     raise ValueError(f"{_API}: the measured clusters {cluster} are not consecutive along the "
                      "axis; build the mesh with the devices of each cluster next to each other")
@@ -189,13 +202,10 @@ def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0) -> Topology
 def _port_rate(rates: np.ndarray, mask: np.ndarray, axis: int) -> np.ndarray:
   """Per rank the fastest rate of ``mask``'s pairs (sends: axis 1, receives: axis 0).
 
-  A pair runs at its slower end, and what disturbs a measurement (the other
-  pairs of its round on shared cores) slows it, so a rank's port is its
-  fastest pair. A rank with no such pair (alone in its cluster) gets the
-  fastest rate measured.
+  A pair runs at its slower end, so a rank's port is its fastest pair. Every
+  rank has a pair in its cluster: its fastest pair is never cut off.
   """
-  best = np.max(np.where(mask, rates, -np.inf), axis=axis)
-  return np.where(np.isfinite(best), best, np.max(rates[~np.eye(len(rates), dtype=bool)]))
+  return np.max(np.where(mask, rates, -np.inf), axis=axis)
 
 
 def _components(adjacent: np.ndarray, p: int) -> list[int]:

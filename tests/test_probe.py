@@ -38,13 +38,29 @@ def test_clusters_ports_and_stragglers_come_back_from_the_rates():
     np.testing.assert_allclose(getattr(got, name), getattr(configured, name), rtol=0.03)
 
 
-def test_a_flat_network_stays_flat_and_a_lone_rank_gets_a_port():
+def test_a_flat_network_stays_flat_and_a_lone_rank_is_a_straggler():
   flat = probe.topology_from_rates(_rates([25e6, 25e6, 12e6, 25e6], [25e6] * 4, [0] * 4,
                                           [0] * 4, [0] * 4))
   assert flat.cluster is None and flat.send_bandwidth[2] == 12e6
+  # One rank alone behind a slow link reaches every rank slowly: a straggler, by its rates.
   lone = probe.topology_from_rates(_rates([25e6] * 3, [25e6] * 3, [0, 0, 1], [2e6] * 3,
                                           [2e6] * 3))
-  assert lone.cluster == (0, 0, 1) and lone.send_bandwidth[2] == 25e6
+  assert lone.cluster is None and lone.stragglers() == {2: 2e6 / 25e6}
+  pair = probe.topology_from_rates(_rates([25e6] * 4, [25e6] * 4, [0, 0, 1, 1], [2e6] * 4,
+                                          [2e6] * 4))
+  assert pair.cluster == (0, 0, 1, 1) and pair.inter_send_bandwidth == (2e6,) * 4
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.25])
+def test_a_straggler_is_a_slow_port_not_a_cluster(fraction):
+  send = [25e6, 25e6, 25e6 * fraction, 25e6]
+  flat = probe.topology_from_rates(_rates(send, send, [0] * 4, [0] * 4, [0] * 4))
+  assert flat.cluster is None and flat.stragglers() == {2: fraction}
+  configured = jaxcc.Topology.clusters([4, 4], 25e6, 2.5e6).with_straggler(5, fraction)
+  got = probe.topology_from_rates(_rates(
+      configured.send_bandwidth, configured.recv_bandwidth, configured.cluster,
+      configured.inter_send_bandwidth, configured.inter_recv_bandwidth))
+  assert got == configured
 
 
 def test_clusters_apart_along_the_axis_are_refused():

@@ -28,7 +28,7 @@ _PORTS = ("send_bandwidth", "recv_bandwidth", "inter_send_bandwidth", "inter_rec
 def run(ranks: int, *, rate: str | float = "200mbit",
         stragglers: Mapping[int, float] | None = None, clusters: Sequence[int] | None = None,
         inter_rate: str | float | None = None, inter_stragglers: Mapping[int, float] | None = None,
-        nbytes: int = 64 << 10, seconds: float = 0.05, plan_bytes: int = 8 << 20,
+        nbytes: int = 64 << 10, seconds: float = 0.08, plan_bytes: int = 8 << 20,
         timeout_s: float = 300) -> dict:
   """Probe a testbed cluster (root) and compare; returns the comparison (see ``compare``).
 
