@@ -31,6 +31,7 @@ second (and in each repeat of a short pair). On 8 testbed hosts at
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -107,9 +108,7 @@ def measure_times(mesh: Mesh, axis_name: str, lengths: np.ndarray) -> np.ndarray
     lengths: ``[i, j]``: float32 elements i sends j (``L``).
   """
   p = mesh.shape[axis_name]
-  line_up = jax.jit(jax.shard_map(lambda b: lax.psum(b, axis_name), mesh=mesh,
-                                  in_specs=P(axis_name), out_specs=P(axis_name)))
-  token = jnp.zeros((p,), jnp.float32, device=jax.sharding.NamedSharding(mesh, P(axis_name)))
+  line_up, token = _line_up(mesh, axis_name)
   me = _my_rank(mesh, axis_name)
   skip = np.maximum(2, -(-_SETTLE_BYTES // np.maximum(lengths * _ITEM, 1)))
   mine = np.full((p, p), np.nan)  # [i, me]: this rank's receive time from i
@@ -127,7 +126,7 @@ def measure_times(mesh: Mesh, axis_name: str, lengths: np.ndarray) -> np.ndarray
         first = int(skip[src, dst]) - 1
         mine[src, me] = (done[-1] - done[first]) / (calls - 1 - first)
   gathered = np.asarray(multihost_utils.process_allgather(mine[None])).reshape(-1, p, p)
-  return _merge(gathered)
+  return np.fmax.reduce(gathered)  # each process filled its own column, NaN elsewhere
 
 
 def matchings(lengths: np.ndarray) -> list[list[tuple[int, int]]]:
@@ -153,12 +152,14 @@ def matchings(lengths: np.ndarray) -> list[list[tuple[int, int]]]:
   return rounds
 
 
-def _merge(gathered: np.ndarray) -> np.ndarray:
-  """One matrix of the processes' matrices, each holding its own column (NaN elsewhere)."""
-  out = np.full(gathered.shape[1:], np.nan)
-  for m in gathered:
-    out = np.where(np.isnan(out), m, out)
-  return out
+@functools.cache
+def _line_up(mesh: Mesh, axis_name: str):
+  """A barrier over the axis (a psum, compiled once per mesh) and its input."""
+  line_up = jax.jit(jax.shard_map(lambda b: lax.psum(b, axis_name), mesh=mesh,
+                                  in_specs=P(axis_name), out_specs=P(axis_name)))
+  token = jnp.zeros((mesh.shape[axis_name],), jnp.float32,
+                    device=jax.sharding.NamedSharding(mesh, P(axis_name)))
+  return line_up, token
 
 
 def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0) -> Topology:

@@ -62,6 +62,19 @@ def _challenged(address):
   return conn, got[12:]
 
 
+def _connect_honestly(secret, listener, accept, peers):
+  """Process 0's honest handshake with the acceptor, which then holds it as its one peer."""
+  mine = b"n" * 32
+  peer, nonce = _challenged(listener.getsockname())
+  with peer:
+    peer.sendall(tcp_bootstrap.hello(secret, 0, 1, mine, nonce))
+    assert peer.recv(100) == tcp_bootstrap.ack(secret, 1, 0, nonce, mine)
+    accept.join(30)
+  listener.close()
+  assert list(peers) == [0]
+  peers[0].close()
+
+
 def test_a_connection_without_the_secret_is_closed_and_reported(caplog):
   secret = b"s" * 32
   with caplog.at_level(logging.WARNING, logger="jaxcc"):
@@ -72,14 +85,7 @@ def test_a_connection_without_the_secret_is_closed_and_reported(caplog):
     intruder.sendall(tcp_bootstrap.hello(b"x" * 32, 0, 1, mine, nonce))
     assert intruder.recv(100) == b""  # closed without an answer
     intruder.close()
-    peer, nonce = _challenged(address)
-    peer.sendall(tcp_bootstrap.hello(secret, 0, 1, mine, nonce))
-    assert peer.recv(100) == tcp_bootstrap.ack(secret, 1, 0, nonce, mine)
-    accept.join(30)
-  listener.close()
-  assert list(peers) == [0]
-  peers[0].close()
-  peer.close()
+    _connect_honestly(secret, listener, accept, peers)
   assert any("failed the handshake" in r.getMessage() and "127.0.0.1" in r.getMessage()
              for r in caplog.records)
 
@@ -104,14 +110,7 @@ def test_a_replayed_or_reflected_hello_is_refused(caplog):
                     tcp_bootstrap.proof(tcp_bootstrap.ACK, secret, 0, 1, nonce, nonce))
     assert reflect.recv(100) == b""
     reflect.close()
-    honest, nonce = _challenged(address)
-    honest.sendall(tcp_bootstrap.hello(secret, 0, 1, mine, nonce))
-    assert honest.recv(100) == tcp_bootstrap.ack(secret, 1, 0, nonce, mine)
-    accept.join(30)
-  listener.close()
-  assert list(peers) == [0]
-  peers[0].close()
-  honest.close()
+    _connect_honestly(secret, listener, accept, peers)
   refused = [r for r in caplog.records if "failed the handshake" in r.getMessage()]
   assert len(refused) == 3, [r.getMessage() for r in refused]
 

@@ -114,18 +114,19 @@ def run(collective: str, ranks: int, nbytes: int, *, rate: str | float = "200mbi
   calibrating = testbed and link_efficiency is None
   bar = Progress(int(calibrating) + sum((repeats + 1) * len(algs) for _, algs in launches),
                  stream=None if progress else io.StringIO())
-  medians, samples, crossed = {}, {}, {}
+  medians, samples, crossed, topologies = {}, {}, {}, {}
   counting = testbed and clusters is not None
   try:
     for levels, algs in launches:
       key = format_configuration(*levels)
       cluster = Cluster(ranks, rate, levels[0], inter_stragglers=levels[1], **shape)
+      topologies[key] = cluster.topology
       with cluster if testbed else contextlib.nullcontext() as c:
         if calibrating and levels == fault_free:
           bar.advance(0, "calibrating links")
           link_efficiency = calibration.calibrate(c)["efficiency"]
           bar.advance(1)
-        results = measure(collective, cluster.topology, nbytes, algs, repeats, cluster=c,
+        results = measure(collective, topologies[key], nbytes, algs, repeats, cluster=c,
                           count_bytes=counting, progress=bar, label=f"stragglers {key}:")
       for alg in algs:
         slowest = np.max([r["samples"][alg] for r in results], axis=0)
@@ -139,9 +140,8 @@ def run(collective: str, ranks: int, nbytes: int, *, rate: str | float = "200mbi
   rows = []
   for levels in configurations:
     key = format_configuration(*levels)
-    topology = Cluster(ranks, rate, levels[0], inter_stragglers=levels[1], **shape).topology
     for alg in algorithms:
-      row = _row(collective, alg, topology, levels, nbytes, efficiency, medians[key, alg],
+      row = _row(collective, alg, topologies[key], levels, nbytes, efficiency, medians[key, alg],
                  samples[key, alg], medians[format_configuration(*fault_free), baseline])
       row |= {"clusters": None if clusters is None else list(clusters),
               "rate_bps": parse_rate(rate),
