@@ -1,7 +1,8 @@
 """jaxcc: collective communication for JAX that stays fast on real, imperfect networks."""
 
 from jaxcc import codec, optim, schedules, sim
-from jaxcc.collectives import all_gather, all_reduce, broadcast, ppermute, reduce_scatter
+from jaxcc.collectives import (all_gather, all_reduce, broadcast, ppermute, recover,
+                               reduce_scatter)
 from jaxcc.planner import plan
 from jaxcc.probe import probe_topology
 from jaxcc.schedules import Schedule
@@ -20,6 +21,7 @@ __all__ = [
     "plan",
     "ppermute",
     "probe_topology",
+    "recover",
     "reduce_scatter",
     "schedules",
     "sim",

@@ -72,7 +72,7 @@ def _connect_honestly(secret, listener, accept, peers):
     accept.join(30)
   listener.close()
   assert list(peers) == [0]
-  peers[0].close()
+  peers[0][0].close()
 
 
 def test_a_connection_without_the_secret_is_closed_and_reported(caplog):

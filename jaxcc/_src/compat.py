@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import dispatch as _dispatch
 from jax._src import distributed as _distributed
 from jax._src import effects as _effects
 from jax._src import xla_bridge as _xla_bridge
@@ -43,6 +44,15 @@ for _kind in (_effects.ordered_effects, _effects.shardable_ordered_effects,
               _effects.lowerable_effects, _effects.control_flow_allowed_effects,
               _effects.custom_derivatives_allowed_effects, _effects.remat_allowed_effects):
   _kind.add_type(ProgramOrderEffect)
+
+
+def reset_program_order() -> None:
+  """Drop this thread's ``PROGRAM_ORDER`` token: the next program starts a fresh chain.
+
+  A program that failed returns a token that carries its error; every later
+  program that takes it fails with that error without running.
+  """
+  _dispatch.runtime_tokens.current_tokens.pop(PROGRAM_ORDER, None)
 
 
 def ordered_ffi_lowering(target: str, **kwargs) -> Callable:

@@ -15,6 +15,10 @@
   axes, the border executor), "native" (the whole schedule on jaxcc's engine)
   or "auto" (default: "xla" on the GPU, where the inner axes are NCCL's;
   "native" on the CPU, where the whole schedule measured faster).
+* ``JAXCC_TCP_INTEGRITY`` (``tcp_integrity()``, read when the TCP transport
+  starts): "off" (default) or "hmac": every frame on the TCP connections
+  carries an HMAC-SHA256 under its connection's key. Every process of a job
+  must set the same.
 
 The functions read the environment each time they are called, at the lowering
 of each collective, so a value set between two lowerings holds for the second.
@@ -98,6 +102,20 @@ def intra_engine() -> str:
   if value not in INTRA_ENGINES:
     raise ValueError(f"JAXCC_INTRA_ENGINE={value!r}: expected one of {INTRA_ENGINES} (unset: "
                      f"auto)")
+  return value
+
+
+TCP_INTEGRITY = ("off", "hmac")
+
+
+def tcp_integrity() -> str:
+  """``JAXCC_TCP_INTEGRITY``: "off" (default) or "hmac"."""
+  value = _env("JAXCC_TCP_INTEGRITY")
+  if value is None:
+    return "off"
+  if value not in TCP_INTEGRITY:
+    raise ValueError(f"JAXCC_TCP_INTEGRITY={value!r}: expected one of {TCP_INTEGRITY} (unset: "
+                     f"off)")
   return value
 
 

@@ -6,7 +6,8 @@ processes (every process does so in an SPMD program), ``ensure_started``:
 1. listens on an ephemeral port of the address this process reaches the
    jax.distributed coordinator from (127.0.0.1 on loopback) and puts
    ``ip:port`` in the key-value store; process 0 puts a fresh 32-byte secret
-   there too;
+   and its ``JAXCC_TCP_INTEGRITY`` there too (every process must have the
+   same);
 2. connects to every higher process and accepts every lower one: one
    connection per process pair, authenticated both ways by a challenge and
    response: the accepting process sends a fresh nonce, the connecting one
@@ -15,8 +16,15 @@ processes (every process does so in an SPMD program), ``ensure_started``:
    label. A recorded hello fails against the next nonce, and neither side's
    proof passes for the other's. A connection that fails the handshake is
    closed and logged with its address, and nothing it sent reaches a
-   collective's buffer;
-3. hands the sockets to the C++ progress thread (``_jaxcc_cpu.tcp_start``).
+   collective's buffer. Each connection's key (``session_key``) is an HMAC of
+   both nonces under the secret, so it is new for every connection;
+3. hands the sockets and their keys to the C++ progress thread
+   (``_jaxcc_cpu.tcp_start``), which checks every frame against the schedule
+   and, with integrity on, its MAC under the key;
+4. keeps the listener open: a process whose connection was lost (or that
+   restarted with the same id) connects again (``reconnect``), passes the
+   same handshake, and its new connection replaces the old one
+   (``_jaxcc_cpu.tcp_rejoin``).
 
 Socket policy (research/testbed.md): 4 MiB send and receive buffers (set on
 the listener too, so the window scale covers them), ``TCP_NODELAY`` and
@@ -49,6 +57,7 @@ _KEY = "jaxcc/tcp"
 CHALLENGE = b"JAXCC-CH"
 HELLO = b"JAXCC-HI"
 ACK = b"JAXCC-OK"
+KEY = b"JAXCC-KY"
 _NONCE = 32
 _CHALLENGE_BYTES = 8 + 4 + _NONCE  # magic, the accepting process' id, its nonce
 _HELLO_BYTES = 8 + 8 + _NONCE + 32  # magic, (from, to), the connector's nonce, HMAC-SHA256
@@ -104,15 +113,42 @@ def ack(secret: bytes, src: int, dst: int, src_nonce: bytes, dst_nonce: bytes) -
   return ACK + struct.pack("<ii", src, dst) + proof(ACK, secret, src, dst, src_nonce, dst_nonce)
 
 
+def session_key(secret: bytes, acceptor: int, connector: int, acceptor_nonce: bytes,
+                connector_nonce: bytes) -> bytes:
+  """The key of one connection: HMAC-SHA256 under ``secret`` of both ids and both nonces."""
+  return proof(KEY, secret, acceptor, connector, acceptor_nonce, connector_nonce)
+
+
+def answer(conn: socket.socket, secret: bytes, me: int, allowed: set[int]) -> tuple[int, bytes]:
+  """Challenge the connecting process on ``conn``; its id and the connection's key.
+
+  Raises:
+    ConnectionRefusedError: the hello does not answer this challenge from a
+      process in ``allowed`` with the job's secret.
+  """
+  nonce = secrets.token_bytes(_NONCE)
+  conn.sendall(challenge(me, nonce))
+  got = _recv_exact(conn, _HELLO_BYTES)
+  src, dst = struct.unpack("<ii", got[8:16])
+  their = got[16:16 + _NONCE]
+  if (dst != me or src not in allowed or their == nonce
+      or not hmac.compare_digest(got, hello(secret, src, me, their, nonce))):
+    raise ConnectionRefusedError(
+        "its hello does not answer this challenge with the job's secret (a wrong secret or "
+        "process id, or a replayed or reflected message)")
+  conn.sendall(ack(secret, me, src, nonce, their))
+  return src, session_key(secret, me, src, nonce, their)
+
+
 def accept_peers(listener: socket.socket, secret: bytes, me: int, expected: set[int],
-                 deadline: float) -> dict[int, socket.socket]:
-  """Accept one authenticated connection from each process in ``expected``; answer each.
+                 deadline: float) -> dict[int, tuple[socket.socket, bytes]]:
+  """Accept one authenticated connection from each process in ``expected``: socket and key.
 
   Each connection gets a fresh challenge; one whose hello is not ``hello``
   of an expected ``q`` not yet connected, for that challenge, is closed and
   logged with its address.
   """
-  peers: dict[int, socket.socket] = {}
+  peers: dict[int, tuple[socket.socket, bytes]] = {}
   while len(peers) < len(expected):
     listener.settimeout(max(deadline - time.monotonic(), 1e-3))
     try:
@@ -124,29 +160,18 @@ def accept_peers(listener: socket.socket, secret: bytes, me: int, expected: set[
           f"{missing} to connect (JAXCC_TIMEOUT_S sets the limit)") from None
     try:
       conn.settimeout(min(max(deadline - time.monotonic(), 1e-3), 10.0))
-      nonce = secrets.token_bytes(_NONCE)
-      conn.sendall(challenge(me, nonce))
-      got = _recv_exact(conn, _HELLO_BYTES)
-      src, dst = struct.unpack("<ii", got[8:16])
-      their = got[16:16 + _NONCE]
-      if (dst != me or src not in expected or src in peers or their == nonce
-          or not hmac.compare_digest(got, hello(secret, src, me, their, nonce))):
-        raise ConnectionRefusedError(
-            "its hello does not answer this challenge with the job's secret (a wrong secret or "
-            "process id, or a replayed or reflected message)")
-      conn.sendall(ack(secret, me, src, nonce, their))
+      src, key = answer(conn, secret, me, expected - peers.keys())
     except OSError as e:
-      logger.warning("jaxcc: process %d closed a TCP connection from %s that failed the "
-                     "handshake: %s", me, addr, e)
+      _refused(me, addr, e)
       conn.close()
       continue
     tune(conn)
-    peers[src] = conn
+    peers[src] = (conn, key)
   return peers
 
 
-def connect_peer(sock: socket.socket, secret: bytes, me: int, q: int) -> None:
-  """Answer process ``q``'s challenge on the connected ``sock`` and check its proof."""
+def connect_peer(sock: socket.socket, secret: bytes, me: int, q: int) -> bytes:
+  """Answer process ``q``'s challenge on the connected ``sock``, check its proof; the key."""
   got = _recv_exact(sock, _CHALLENGE_BYTES)
   theirs = got[12:]
   if got[:8] != CHALLENGE or struct.unpack("<i", got[8:12])[0] != q:
@@ -155,6 +180,64 @@ def connect_peer(sock: socket.socket, secret: bytes, me: int, q: int) -> None:
   sock.sendall(hello(secret, me, q, nonce, theirs))
   if not hmac.compare_digest(_recv_exact(sock, _ACK_BYTES), ack(secret, q, me, theirs, nonce)):
     raise ConnectionRefusedError("its answer does not prove the job's secret")
+  return session_key(secret, q, me, theirs, nonce)
+
+
+def connect(q: int, address: str, secret: bytes, me: int, family: socket.AddressFamily,
+            deadline: float) -> tuple[socket.socket, bytes]:
+  """A connection to process ``q`` listening at ``address`` ("[ip]:port"), and its key."""
+  host, port = address.rsplit(":", 1)
+  sock = socket.socket(family, socket.SOCK_STREAM)
+  try:
+    tune(sock)
+    with _naming(me, q, "accept the connection and answer the handshake"):
+      sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+      sock.connect((host.strip("[]"), int(port)))
+      key = connect_peer(sock, secret, me, q)
+  except BaseException:
+    sock.close()
+    raise
+  return sock, key
+
+
+def reconnect(q: int) -> None:
+  """Connect this process' TCP transport to process ``q`` again (its connection was lost).
+
+  ``q`` replaces its connection to this process by the new one once the
+  handshake passes; so does this process.
+  """
+  me = jax.process_index()
+  deadline = time.monotonic() + config.timeout_s()
+  family, _ = _local_address(compat.coordinator_address())
+  secret = bytes.fromhex(_kv_get(f"{_KEY}/secret", 0, deadline))
+  sock, key = connect(q, _kv_get(f"{_KEY}/addr/{q}", q, deadline), secret, me, family, deadline)
+  ffi.load().cpu.tcp_rejoin(q, sock.detach(), key)
+
+
+def serve(listener: socket.socket, secret: bytes, me: int, n: int) -> None:
+  """Answer every later connection on ``listener``: each that passes rejoins (runs forever)."""
+  others = set(range(n)) - {me}
+  while True:
+    try:
+      conn, addr = listener.accept()
+    except OSError as e:
+      logger.warning("jaxcc: process %d stops accepting TCP connections: %s", me, e)
+      return
+    try:
+      conn.settimeout(10.0)
+      q, key = answer(conn, secret, me, others)
+      tune(conn)
+      ffi.load().cpu.tcp_rejoin(q, conn.detach(), key)
+    except OSError as e:
+      _refused(me, addr, e)
+      conn.close()
+      continue
+    logger.info("jaxcc: process %d took a new TCP connection from process %d (%s)", me, q, addr)
+
+
+def _refused(me: int, addr, error: Exception) -> None:
+  logger.warning("jaxcc: process %d closed a TCP connection from %s that failed the "
+                 "handshake: %s", me, addr, error)
 
 
 def _start() -> None:
@@ -164,9 +247,10 @@ def _start() -> None:
                        "jax.distributed.initialize() first")
   me, n = jax.process_index(), jax.process_count()
   deadline = time.monotonic() + config.timeout_s()
+  integrity = config.tcp_integrity()
   family, host = _local_address(address)
   listener = socket.socket(family, socket.SOCK_STREAM)
-  peers: dict[int, socket.socket] = {}
+  peers: dict[int, tuple[socket.socket, bytes]] = {}
   try:
     tune(listener)
     listener.bind((host, 0))
@@ -174,27 +258,33 @@ def _start() -> None:
     compat.kv_set(f"{_KEY}/addr/{me}", f"[{host}]:{listener.getsockname()[1]}")
     if me == 0:
       compat.kv_set(f"{_KEY}/secret", secrets.token_hex(32))
+      compat.kv_set(f"{_KEY}/integrity", integrity)
     secret = bytes.fromhex(_kv_get(f"{_KEY}/secret", 0, deadline))
+    job_integrity = _kv_get(f"{_KEY}/integrity", 0, deadline)
+    if integrity != job_integrity:
+      raise ValueError(f"jaxcc: JAXCC_TCP_INTEGRITY is {integrity!r} on process {me} but "
+                       f"{job_integrity!r} on process 0; every process must set the same")
     # Connect up, then accept: the highest process accepts first, so every
     # challenge a connector waits for comes from a process that is accepting.
     for q in range(me + 1, n):  # a listener exists once its address is out
-      peer_host, port = _kv_get(f"{_KEY}/addr/{q}", q, deadline).rsplit(":", 1)
-      peers[q] = socket.socket(family, socket.SOCK_STREAM)
-      tune(peers[q])
-      with _naming(me, q, "accept the connection and answer the handshake"):
-        peers[q].settimeout(max(deadline - time.monotonic(), 1e-3))
-        peers[q].connect((peer_host.strip("[]"), int(port)))
-        connect_peer(peers[q], secret, me, q)
+      peers[q] = connect(q, _kv_get(f"{_KEY}/addr/{q}", q, deadline), secret, me, family,
+                         deadline)
     peers.update(accept_peers(listener, secret, me, set(range(me)), deadline))
-    fds = [-1] * n
-    for q, sock in peers.items():
-      fds[q] = sock.detach()
-    ffi.load().cpu.tcp_start(me, fds)
-  finally:
+    fds, keys = [-1] * n, [b""] * n
+    for q, (sock, key) in peers.items():
+      fds[q], keys[q] = sock.detach(), key
+    ffi.load().cpu.tcp_start(me, fds, keys, integrity == "hmac")
+  except BaseException:
     listener.close()
-    for sock in peers.values():
+    raise
+  finally:
+    for sock, _ in peers.values():
       sock.close()
-  logger.info("jaxcc: TCP transport of process %d up on %s with %d peers", me, host, n - 1)
+  listener.settimeout(None)
+  threading.Thread(target=serve, args=(listener, secret, me, n), daemon=True,
+                   name="jaxcc-tcp-listener").start()
+  logger.info("jaxcc: TCP transport of process %d up on %s with %d peers (integrity %s)", me,
+              host, n - 1, integrity)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "inprocess.h"
@@ -122,10 +123,23 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
       return RunSchedule(plan, t, kernels, buf, itemsize);
     });
   } else {
+    // What each piece this rank receives may take on the wire.
+    TcpReceives receives;
+    receives.encoded = codec != nullptr;
+    for (size_t s = 0; s < plan.size(); ++s) {
+      for (const auto* pieces : {&plan[s].copies, &plan[s].reduces}) {
+        for (const Piece& in : *pieces) {
+          const size_t n = static_cast<size_t>(in.length);
+          receives.bytes[{static_cast<int64_t>(s), in.peer}] =
+              codec ? codec->MaxWireBytes(n) : n * itemsize;
+        }
+      }
+    }
     std::unique_ptr<TcpTransport> transport;
-    err = TcpTransport::Create({op_id, TcpTransport::NextInstance(op_id, group, rank), group},
-                               static_cast<int>(nranks), rank, procs.begin() + group * nranks,
-                               pacing.size() ? pacing.begin() : nullptr, digest, &transport);
+    err = TcpTransport::Create(op_id, group, static_cast<int>(nranks), rank,
+                               procs.begin() + group * nranks,
+                               pacing.size() ? pacing.begin() : nullptr, digest,
+                               std::move(receives), &transport);
     err = RunOn(err, transport.get(), [&](TcpTransport& t) {
       return RunDataflow(plan, length, t, kernels, codec.get(), buf, itemsize, timeout);
     });

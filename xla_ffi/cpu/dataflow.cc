@@ -308,9 +308,11 @@ std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length,
     if (moved) {
       deadline = now + timeout;
     } else if (now >= deadline) {
+      const std::string stray = transport.Stray(peer);
       return "step " + std::to_string(stuck.step) + ": timed out after " +
              TimeoutText(timeout) + " " + doing +
-             (sending ? ", which does not take it" : "") + " (JAXCC_TIMEOUT_S sets the limit)";
+             (sending ? ", which does not take it" : "") + " (JAXCC_TIMEOUT_S sets the limit)" +
+             (stray.empty() ? "" : "; " + stray);
     }
     transport.Wait(events, deadline);
   }

@@ -2,13 +2,16 @@
 // jaxcc/_src/ffi.py.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "hmac_sha256.h"
 #include "jaxcc/module.h"
 #include "piece_codec.h"
 #include "reduce_host.h"
@@ -47,15 +50,30 @@ NB_MODULE(_jaxcc_cpu, m) {
   jaxcc::DefineRegistrations(m, kTargets);
   m.def(
       "tcp_start",
-      [](int process, std::vector<int> fds) {
-        const std::string err = jaxcc::TcpStart(process, fds);
+      [](int process, std::vector<int> fds, std::vector<nb::bytes> keys, bool integrity) {
+        std::vector<std::string> key_bytes;
+        for (const nb::bytes& k : keys) key_bytes.emplace_back(k.c_str(), k.size());
+        const std::string err = jaxcc::TcpStart(process, fds, key_bytes, integrity);
         if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
       },
-      nb::arg("process"), nb::arg("fds"),
+      nb::arg("process"), nb::arg("fds"), nb::arg("keys"), nb::arg("integrity"),
       "Starts the TCP transport as `process` over authenticated sockets: fds[q] to process q, "
-      "-1 for this one. Takes the sockets over.");
+      "-1 for this one, keys[q] its connection key; with `integrity` every frame carries an "
+      "HMAC-SHA256 under it. Takes the sockets over.");
+  m.def(
+      "tcp_rejoin",
+      [](int process, int fd, nb::bytes key) {
+        const std::string err =
+            jaxcc::TcpRejoin(process, fd, std::string(key.c_str(), key.size()));
+        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+      },
+      nb::arg("process"), nb::arg("fd"), nb::arg("key"),
+      "Replaces the connection to `process` by the authenticated socket fd with its key. Takes "
+      "the socket over.");
   m.def("tcp_process", &jaxcc::TcpProcess,
         "This process' index in the TCP transport; -1 before tcp_start.");
+  m.def("tcp_lost", &jaxcc::TcpLost, nb::arg("process"),
+        "Why the connection to `process` is lost; empty while it is up.");
   // The Tcp transport's piece layouts (piece_codec.h), for tests.
   auto piece_codec = [](int codec, int dtype, uint64_t split_bytes) {
     namespace c = jaxcc::codec;
@@ -134,4 +152,23 @@ NB_MODULE(_jaxcc_cpu, m) {
       nb::arg("codec"), nb::arg("dtype"), nb::arg("pieces"), nb::arg("own"), nb::arg("encode"),
       "own + pieces[0] + ... summed in one pass as a reduce hop does (jaxcc_reduce's order and "
       "rounding), and, if `encode`, the sum encoded as a segmented piece.");
+  m.def(
+      "hmac_sha256",
+      [](nb::bytes key, nb::bytes data) {
+        jaxcc::HmacSha256 mac(reinterpret_cast<const uint8_t*>(key.c_str()), key.size());
+        // Fed in pieces of several sizes, so that the partial-block paths run.
+        const char* at = data.c_str();
+        size_t left = data.size();
+        for (size_t piece : {size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, left}) {
+          const size_t n = std::min(piece, left);
+          mac.Update(at, n);
+          at += n;
+          left -= n;
+        }
+        uint8_t out[32];
+        mac.Final(out);
+        return nb::bytes(reinterpret_cast<const char*>(out), sizeof(out));
+      },
+      nb::arg("key"), nb::arg("data"),
+      "HMAC-SHA256 of `data` under `key` as the TCP transport computes frame MACs, for tests.");
 }

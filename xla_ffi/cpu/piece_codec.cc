@@ -62,6 +62,13 @@ uint64_t HostPieceCodec::MaxBytes(size_t n) const {
          (rest ? codec::MaxBytes(codec_, dtype_, rest) : 0);
 }
 
+uint64_t HostPieceCodec::MaxWireBytes(size_t n) const {
+  const uint64_t split = codec_ == codec::kEntropy && dtype_ != codec::kF16 && split_bytes_ != 0
+                             ? codec::SplitHeadBytes(dtype_, n) + codec::SplitTailMaxBytes(n)
+                             : 0;
+  return std::max(MaxBytes(n), split);
+}
+
 std::string HostPieceCodec::Encode(const char* src, size_t n, char* out, uint64_t* bytes) {
   uint64_t at = 0;
   for (size_t first = 0; first < n; first += kSegment) {

@@ -35,6 +35,8 @@ class HostPieceCodec final : public PieceCodec {
   HostPieceCodec(codec::CodecId codec, codec::DTypeId dtype, uint64_t split_bytes);
 
   uint64_t MaxBytes(size_t n) const override;
+  // The most a piece of n elements takes on the wire, in either layout.
+  uint64_t MaxWireBytes(size_t n) const;
   std::string Encode(const char* src, size_t n, char* out, uint64_t* bytes) override;
   bool Splits(const char* src, size_t n) const override;
   std::string SendSplit(const char* src, size_t n, const PostPart& post) override;

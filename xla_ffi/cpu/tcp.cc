@@ -28,16 +28,9 @@ using tcp::SendItem;
 using tcp::Staged;
 using tcp::Staging;
 
-int64_t TcpTransport::NextInstance(int64_t op_id, int64_t group, int rank) {
-  tcp::Engine* e = tcp::Started();
-  if (!e) return 0;
-  std::lock_guard<std::mutex> lock(e->mu);
-  return e->instances[{op_id, group, rank}]++;
-}
-
-std::string TcpTransport::Create(const Call& call, int p, int rank, const int64_t* procs,
-                                 const int64_t* pacing, int64_t digest,
-                                 std::unique_ptr<TcpTransport>* out) {
+std::string TcpTransport::Create(int64_t op_id, int64_t group, int p, int rank,
+                                 const int64_t* procs, const int64_t* pacing, int64_t digest,
+                                 TcpReceives receives, std::unique_ptr<TcpTransport>* out) {
   tcp::Engine* e = tcp::Started();
   if (!e) {
     return "the TCP transport is not started in this process (jaxcc starts it when it lowers a "
@@ -50,7 +43,10 @@ std::string TcpTransport::Create(const Call& call, int p, int rank, const int64_
              ", outside [0, " + std::to_string(nproc) + ")";
     }
   }
-  out->reset(new TcpTransport(e, call, p, rank, procs, digest));
+  if (procs[rank] != e->process) {
+    return "rank " + std::to_string(rank) + " is on process " + std::to_string(procs[rank]) +
+           ", not on this one (" + std::to_string(e->process) + ")";
+  }
   // The pacing of each connection: the sum over the rank pairs it carries.
   std::vector<uint64_t> rate(nproc, 0);
   for (int src = 0; pacing && src < p; ++src) {
@@ -60,18 +56,22 @@ std::string TcpTransport::Create(const Call& call, int p, int rank, const int64_
       }
     }
   }
+  std::vector<int> ranks_procs(procs, procs + p);
   std::lock_guard<std::mutex> lock(e->mu);
+  const Call call{op_id, e->instances[{op_id, group, rank}]++, group};
+  out->reset(new TcpTransport(e, call, rank, ranks_procs, digest));
   for (int r = 0; r < p; ++r) {
     const int q = static_cast<int>(procs[r]);
     if (q != e->process) e->SetPacing(q, rate[q] > 0 ? rate[q] : kUnpaced);
   }
-  return "";
+  return e->Register({op_id, call.instance, group, rank},
+                     tcp::Expected{std::move(ranks_procs), digest, std::move(receives), {}, {}});
 }
 
-TcpTransport::TcpTransport(tcp::Engine* engine, const Call& call, int p, int rank,
-                           const int64_t* procs, int64_t digest)
-    : e_(engine), call_(call), rank_(rank), procs_(procs, procs + p), digest_(digest),
-      written_(p, 0) {}
+TcpTransport::TcpTransport(tcp::Engine* engine, const Call& call, int rank, std::vector<int> procs,
+                           int64_t digest)
+    : e_(engine), call_(call), rank_(rank), procs_(std::move(procs)), digest_(digest),
+      written_(procs_.size(), 0) {}
 
 TcpTransport::~TcpTransport() {
   std::unique_lock<std::mutex> lock(e_->mu);
@@ -86,6 +86,7 @@ TcpTransport::~TcpTransport() {
     }
   }
   e_->arrivals.erase({call_.op_id, call_.instance, call_.group, rank_});
+  e_->expected.erase({call_.op_id, call_.instance, call_.group, rank_});
 }
 
 std::string TcpTransport::Peer(int rank) const {
@@ -196,18 +197,13 @@ std::string TcpTransport::Sync(std::vector<Arrival>* arrived, std::vector<int64_
   std::lock_guard<std::mutex> lock(e_->mu);
   auto abort = e_->aborts.find({call_.op_id, call_.instance, call_.group});
   if (abort != e_->aborts.end()) return abort->second;
-  auto mine = e_->arrivals.find({call_.op_id, call_.instance, call_.group, rank_});
+  const tcp::ReceiverKey me{call_.op_id, call_.instance, call_.group, rank_};
+  auto registered = e_->expected.find(me);
+  if (registered != e_->expected.end() && !registered->second.refused.empty()) {
+    return registered->second.refused;
+  }
+  auto mine = e_->arrivals.find(me);
   if (mine != e_->arrivals.end()) {
-    for (const Arrival& a : mine->second) {
-      // A piece from a rank that planned another schedule fails the call.
-      auto it = e_->mailbox.find({call_.op_id, call_.instance, call_.group, rank_, a.step, a.src});
-      if (it != e_->mailbox.end() && it->second.digest != digest_) {
-        return Peer(a.src) + " planned a different schedule than " + Peer(rank_) +
-               " (digests " + std::to_string(it->second.digest) + " and " +
-               std::to_string(digest_) + "): the axis size, topology or arguments differ "
-               "between processes; every process must pass the same ones";
-      }
-    }
     arrived->insert(arrived->end(), mine->second.begin(), mine->second.end());
     e_->arrivals.erase(mine);
   }
@@ -244,6 +240,12 @@ std::string TcpTransport::Lost(int rank) {
   std::lock_guard<std::mutex> lock(e_->mu);
   const int q = procs_[rank];
   return q == e_->process ? "" : e_->conns[q].error;
+}
+
+std::string TcpTransport::Stray(int rank) {
+  std::lock_guard<std::mutex> lock(e_->mu);
+  const int q = procs_[rank];
+  return q == e_->process ? "" : e_->Stray(q);
 }
 
 }  // namespace jaxcc

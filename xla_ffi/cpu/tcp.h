@@ -2,15 +2,24 @@
 // over one TCP connection per process pair (push model).
 //
 // jaxcc/_src/tcp_bootstrap.py connects and authenticates the sockets once per
-// process and hands them to TcpStart. A per-process progress thread then owns
-// them (non-blocking): it writes posted pieces straight from the senders'
-// buffers, a stripe at a time per connection, and reads every incoming message
-// into a staging buffer, keyed by (op id, instance, group, dst, step, src), so
-// several collectives in flight never mix. A piece posted in parts is staged
-// once its last part came, the parts received straight after each other into
-// one buffer of the bound the first part carries. Pieces between ranks of this
-// process are copied into staging directly. Every message carries the
-// sender's schedule digest; a receiver that planned another schedule fails.
+// process and hands them, each with the key its handshake made, to TcpStart;
+// it hands a process' new connection to TcpRejoin. A per-process progress
+// thread then owns them (non-blocking): it writes posted pieces straight from
+// the senders' buffers, a stripe at a time per connection, and reads every
+// incoming frame into a staging buffer, keyed by (op id, instance, group,
+// dst, step, src), so several collectives in flight never mix. A piece posted
+// in parts is staged once its last part came, the parts received straight
+// after each other into one buffer of the bound the first part carries.
+// Pieces between ranks of this process are copied into staging directly.
+//
+// A frame is a WireHeader (tcp_engine.h), its payload and, with integrity on,
+// an HMAC-SHA256 under the connection's key of the frame's number on that
+// connection (one count per direction), the header and the payload. Every
+// header is checked against what the receiving rank's call may be sent
+// (TcpReceives: which (step, src) pieces, how many bytes; the sender's
+// schedule digest) before its payload is read (tcp_engine.h: Admit); one
+// that does not fit, or a MAC that does not verify, closes the connection and
+// fails the call with an error naming the process and the field.
 //
 // A lost connection fails every wait on a rank of that process at once; a
 // rank that fails tells the other processes of its group (an abort message),
@@ -24,6 +33,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -38,11 +48,26 @@ class Engine;
 }  // namespace tcp
 
 // Starts the process-wide engine as `process` over connected, authenticated
-// sockets: fds[q] for process q, -1 for this process. Takes them over. Returns
-// an error message, empty on success.
-std::string TcpStart(int process, const std::vector<int>& fds);
+// sockets: fds[q] for process q, -1 for this process, keys[q] the key its
+// handshake made; with `integrity` every frame carries a MAC under it. Takes
+// the sockets over. Returns an error message, empty on success.
+std::string TcpStart(int process, const std::vector<int>& fds,
+                     const std::vector<std::string>& keys, bool integrity);
+// Replaces the connection to process q (lost, or q restarted) by the
+// authenticated socket fd with its key. Takes fd over.
+std::string TcpRejoin(int q, int fd, const std::string& key);
 // This process' index once TcpStart ran, else -1.
 int TcpProcess();
+// Why the connection to process q is lost; empty while it is up (or q is this one).
+std::string TcpLost(int q);
+
+// What a rank may be sent in one call: the wire bytes of the piece of each
+// (step, src) its schedule receives; with `encoded`, at most that many (the
+// codec's bound, maybe in parts), else exactly that many raw bytes.
+struct TcpReceives {
+  std::map<std::pair<int64_t, int>, uint64_t> bytes;
+  bool encoded = false;
+};
 
 class TcpTransport final : public AsyncTransport {
  public:
@@ -50,15 +75,15 @@ class TcpTransport final : public AsyncTransport {
     int64_t op_id, instance, group;
   };
 
-  // The transport of `rank` of `p` for one call. procs[r] is the process of
-  // rank r; pacing (p * p bytes/s per ordered rank pair, 0: none) may be null
-  // (unpaced).
-  static std::string Create(const Call& call, int p, int rank, const int64_t* procs,
-                            const int64_t* pacing, int64_t digest,
+  // The transport of `rank` of `p` for the next execution of (op id, group)
+  // on this rank: its instance counts them over the process' lifetime (every
+  // process runs the same executions in the same order). procs[r] is the
+  // process of rank r; pacing (p * p bytes/s per ordered rank pair, 0: none)
+  // may be null (unpaced). Fails if a frame already staged for the call does
+  // not fit `receives`; *out is set then too (its Fail tells the peers).
+  static std::string Create(int64_t op_id, int64_t group, int p, int rank, const int64_t* procs,
+                            const int64_t* pacing, int64_t digest, TcpReceives receives,
                             std::unique_ptr<TcpTransport>* out);
-  // The next instance number of (op id, group) for `rank`, over the process'
-  // lifetime (every process runs the same executions in the same order).
-  static int64_t NextInstance(int64_t op_id, int64_t group, int rank);
   ~TcpTransport() override;
 
   std::string Post(int64_t step, int peer, const char* data, uint64_t bytes,
@@ -71,12 +96,13 @@ class TcpTransport final : public AsyncTransport {
   void Release(int64_t step, int src) override;
   void Wait(uint64_t events, std::chrono::steady_clock::time_point deadline) override;
   std::string Lost(int rank) override;
+  std::string Stray(int rank) override;
   std::string Peer(int rank) const override;  // "rank r (process q)"
   // Fails the call on this process' other ranks and on the other processes.
   void Fail(const std::string& error) override;
 
  private:
-  TcpTransport(tcp::Engine* engine, const Call& call, int p, int rank, const int64_t* procs,
+  TcpTransport(tcp::Engine* engine, const Call& call, int rank, std::vector<int> procs,
                int64_t digest);
 
   tcp::Engine* e_;

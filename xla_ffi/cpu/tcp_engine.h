@@ -2,6 +2,15 @@
 // processes, the progress thread that owns their sockets, and the messages
 // staged for this process' ranks (tcp.h describes the protocol). TcpStart
 // makes the one engine; every TcpTransport runs on it.
+//
+// Every frame is checked before a payload byte is read (Admit): its header
+// against what the receiver's call may be sent (Expected, registered when the
+// call starts), or, for a call that has not started here, held as pending
+// and checked when it starts; a frame for a call that failed is read and
+// dropped. A frame that does not fit closes its connection and fails the
+// receiver's call, naming the process and the field. Pending frames take at
+// most kPendingBytes per connection; past that the connection is not read
+// until a call takes them (TCP's flow control holds the sender back).
 #ifndef JAXCC_CPU_TCP_ENGINE_H_
 #define JAXCC_CPU_TCP_ENGINE_H_
 
@@ -12,11 +21,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "hmac_sha256.h"
 #include "jaxcc/dataflow.h"
+#include "tcp.h"
 
 namespace jaxcc {
 namespace tcp {
@@ -26,6 +39,9 @@ constexpr uint32_t kData = 1;            // a piece of a step, or the last part 
 constexpr uint32_t kAbort = 2;           // a rank failed the call; the payload says why
 constexpr uint32_t kPart = 3;            // a part of a piece, more to follow
 constexpr uint64_t kUnpaced = ~uint64_t{0};
+constexpr uint64_t kMacBytes = 32;      // with integrity: HMAC-SHA256 after each frame
+constexpr uint64_t kMaxAbortText = 1 << 16;
+constexpr uint64_t kPendingBytes = uint64_t{1} << 30;
 
 struct WireHeader {
   uint32_t magic;
@@ -66,12 +82,25 @@ struct Staged {
   Staging buffer;
   uint64_t length;
   int64_t digest;
+  int from = -1;         // the process it came from; -1: this one
+  bool pending = false;  // for a call not started here when it came: not yet checked
+  uint64_t bound = 0;    // the most its parts take, as its first part said
+};
+
+// A receiver (a rank in one call) as registered when its call starts.
+struct Expected {
+  std::vector<int> procs;  // the process of each rank
+  int64_t digest;
+  TcpReceives receives;
+  std::set<std::pair<int64_t, int>> received;  // (step, src) of the whole pieces staged
+  std::string refused;                         // why a frame for it was refused
 };
 
 struct SendItem {
   WireHeader header;
   const char* payload;
-  uint64_t done = 0;                // bytes of header and payload written
+  uint64_t done = 0;                // bytes of header, payload and MAC written
+  uint8_t mac[kMacBytes];           // with integrity, once the payload is written
   std::unique_ptr<char[]> owned;    // the payload, once it no longer lives in a caller's buffer
   const void* owner = nullptr;      // the transport whose buffer holds the payload
   int64_t* written = nullptr;       // its count of pieces to the receiver that left the buffer
@@ -83,12 +112,22 @@ struct Conn {
   bool writing = false;  // the progress thread is in a send of the queue's head
   std::string error;     // why the connection was lost; empty while it is up
   uint64_t pacing = kUnpaced;
-  // Receive state, touched by the progress thread only.
+  uint64_t pending_bytes = 0;  // staged from it for calls not started here
+  bool parked = false;         // not read until pending frames are taken
+  // The progress thread's own state: the frame being received, the MACs.
   WireHeader header{};
   size_t header_got = 0;
+  bool admitted = false;  // the header passed Admit: its payload is being read
+  bool drain = false;     // the payload is read and dropped (a failed call's frame)
+  bool pending = false;   // the frame is for a call not started here
   Staging incoming;
   uint64_t offset = 0;  // bytes of the piece's earlier parts in `incoming`
+  uint64_t bound = 0;   // the most the piece's parts take
   uint64_t payload_got = 0;
+  uint8_t trailer[kMacBytes];
+  size_t trailer_got = 0;
+  HmacSha256 send_mac, receive_mac;  // keyed with the connection's key
+  uint64_t sent_frames = 0, received_frames = 0;
 };
 
 // Whether two messages are for the same receiver of the same call.
@@ -103,10 +142,9 @@ using ReceiverKey = std::tuple<int64_t, int64_t, int64_t, int32_t>;  // op, inst
 // Everything but the receive state and the sockets' I/O is guarded by mu.
 class Engine {
  public:
-  Engine(int process, const std::vector<int>& fds, int wake_fd)
-      : process(process), conns(fds.size()), wake_fd_(wake_fd) {
-    for (size_t q = 0; q < fds.size(); ++q) conns[q].fd = fds[q];
-  }
+  // keys[q]: the key of the connection to q; with `integrity` every frame carries a MAC.
+  Engine(int process, const std::vector<int>& fds, const std::vector<std::string>& keys,
+         bool integrity, int wake_fd);
 
   void Run();
   void Wake();  // wakes the progress thread from its poll
@@ -122,6 +160,14 @@ class Engine {
   void SetPacing(int q, uint64_t rate);  // mu held
   // Stages a message and tells its receiver (mu held).
   void Stage(const MsgKey& key, Staged staged);
+  // Registers a receiver whose call starts, checking the frames pending for
+  // its call; returns why one does not fit, empty if all do (mu held).
+  std::string Register(const ReceiverKey& receiver, Expected expected);
+  // Queues a new connection to q, with its key, for the progress thread; it
+  // is in use once `rejoined` reaches the returned ticket (mu held).
+  uint64_t Rejoin(int q, int fd, const std::string& key);
+  // The frames from process q pending for calls not started here (mu held).
+  std::string Stray(int q) const;
   // Moves the event counter and wakes every waiter (mu held).
   void Notify() {
     ++events;
@@ -136,14 +182,44 @@ class Engine {
   std::map<MsgKey, Staged> mailbox;
   std::map<MsgKey, Staged> partial;  // pieces whose last part has not come
   std::map<ReceiverKey, std::vector<Arrival>> arrivals;  // staged, not yet seen by the receiver
+  std::map<ReceiverKey, Expected> expected;  // receivers whose calls run
   std::map<CallKey, std::string> aborts;
   std::map<std::tuple<int64_t, int64_t, int>, int64_t> instances;
+  uint64_t rejoined = 0;  // new connections in use
 
  private:
   void Read(int q);
   void Write(int q);
+  // Checks the header just read from q and sets up its payload; false if the
+  // frame was refused (the connection is closed) or q is parked (mu held).
+  bool Admit(int q);
+  // Why a frame or staged piece (total bytes `total`, of which the first
+  // `bound` is the most its parts take) from q does not fit `e`; empty if it
+  // does. `later`: a later part of a piece.
+  std::string Fits(const Expected& e, int q, const MsgKey& key, uint32_t kind, uint64_t total,
+                   uint64_t bound, bool later) const;
+  // Why a frame from q with `digest` was planned on another schedule than
+  // `e`; empty if it was not. Such a frame fails its call but not its
+  // connection: the processes disagree, none is broken.
+  std::string Mismatch(const Expected& e, int q, int64_t digest) const;
+  // Closes the connection to q for a frame that does not fit and fails its
+  // receiver's call (mu held).
+  void Refuse(int q, const MsgKey& key, const std::string& why);
+  void Finish(int q);  // the frame's last byte came: checks its MAC, delivers it
   void Deliver(int q);
+  void ApplyRejoins();  // progress thread; mu held
+  void CloseLost();     // closes the sockets of lost connections (progress thread; mu held)
+  // Drops q's pending pieces and its pieces still missing parts (mu held).
+  void Purge(int q);
+  void Reset(Conn& c);  // the receive state of a fresh connection (mu held)
 
+  struct NewConn {
+    int q, fd;
+    std::string key;
+  };
+  const bool integrity_;
+  std::unique_ptr<char[]> drain_;  // where dropped frames are read
+  std::vector<NewConn> rejoins_;
   int wake_fd_;
   int detaching_ = 0;  // threads in Detach, waiting for a send to return
   std::multimap<size_t, std::unique_ptr<char[]>> pool_;

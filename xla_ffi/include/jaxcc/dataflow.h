@@ -79,6 +79,9 @@ class AsyncTransport {
   virtual void Wait(uint64_t events, std::chrono::steady_clock::time_point deadline) = 0;
   // Why `rank` cannot be reached any more; empty while it can.
   virtual std::string Lost(int rank) = 0;
+  // What `rank`'s side sent that no call here has taken (frames for calls
+  // that have not started here), for a timeout's message; empty if nothing.
+  virtual std::string Stray(int rank) = 0;
   // "rank r (process q)", for messages.
   virtual std::string Peer(int rank) const = 0;
   // Ends the call on this rank with `error` and tells the other ranks.
