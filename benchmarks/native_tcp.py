@@ -68,14 +68,19 @@ def worker(mib: int, reps: int) -> None:
   jax.distributed.shutdown()
 
 
-def run(nproc: int, mib: int, reps: int) -> dict:
-  """Start the processes; return the per-algorithm medians of the slowest process' times."""
+def run(nproc: int, mib: int, reps: int, env: dict | None = None, cluster=None) -> dict:
+  """Start the processes; return the per-algorithm medians of the slowest process' times.
+
+  ``env`` goes to every process; with ``cluster`` (an entered
+  ``jaxcc.testbed.Cluster``) they run on its hosts instead of loopback.
+  """
   import numpy as np
 
   from jaxcc.launcher import launch
   per_process = [p.json() for p in launch(__file__, ["--worker", "--mib", str(mib),
                                                      "--reps", str(reps)],
-                                          nproc=nproc, timeout_s=900)]
+                                          nproc=None if cluster else nproc, cluster=cluster,
+                                          env=env, timeout_s=900)]
   rows = []
   nbytes = mib * MiB
   for name in ALGORITHMS:

@@ -270,7 +270,8 @@ std::string Engine::Fits(const Expected& e, int q, const MsgKey& k, uint32_t kin
            std::to_string(limit) + " bytes";
   }
   if (total > limit || bound > limit) {
-    return sent + (total > limit ? "length " + std::to_string(total) : "bound " + std::to_string(bound)) +
+    return sent +
+           (total > limit ? "length " + std::to_string(total) : "bound " + std::to_string(bound)) +
            " is more than the " + std::to_string(limit) + " bytes the piece's encoding may take";
   }
   return "";
@@ -407,7 +408,9 @@ bool Engine::Admit(int q) {
     Refuse(q, key, why);
     return false;
   };
-  if (h.magic != kMagic) return refuse(sent + "magic " + std::to_string(h.magic) + " is not jaxcc's");
+  if (h.magic != kMagic) {
+    return refuse(sent + "magic " + std::to_string(h.magic) + " is not jaxcc's");
+  }
   if (h.kind != kData && h.kind != kAbort && h.kind != kPart) {
     return refuse(sent + "kind " + std::to_string(h.kind) + " is none of data, part or abort");
   }
@@ -532,7 +535,8 @@ void Engine::Read(int q) {
     const ssize_t n = recv(c.fd, into, want, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n <= 0) {
-      std::string why = n == 0 ? "process " + std::to_string(q) + " closed it" : "recv: " + Errno(errno);
+      std::string why =
+          n == 0 ? "process " + std::to_string(q) + " closed it" : "recv: " + Errno(errno);
       if (c.header_got > 0) {
         why += " in the middle of a frame (" + std::to_string(c.header_got) + " of " +
                std::to_string(kHead) + " header bytes" +

@@ -3,14 +3,16 @@
 // staged for this process' ranks (tcp.h describes the protocol). TcpStart
 // makes the one engine; every TcpTransport runs on it.
 //
-// Every frame is checked before a payload byte is read (Admit): its header
-// against what the receiver's call may be sent (Expected, registered when the
-// call starts), or, for a call that has not started here, held as pending
-// and checked when it starts; a frame for a call that failed is read and
-// dropped. A frame that does not fit closes its connection and fails the
-// receiver's call, naming the process and the field. Pending frames take at
-// most kPendingBytes per connection; past that the connection is not read
-// until a call takes them (TCP's flow control holds the sender back).
+// Every frame is checked before a rank sees a byte of it (Admit): its header,
+// before its payload is read, against what the receiver's call may be sent
+// (Expected, registered when the call starts); a frame for a call that has
+// not started here is staged as pending and checked when the call starts; a
+// frame for a call that failed is read and dropped. A frame that does not
+// fit closes its connection and fails the receiver's call, naming the
+// process and the field; one planned on another schedule (another digest)
+// fails the call only. Pending frames take at most kPendingBytes per
+// connection; past that the connection is not read until a call takes them
+// (TCP's flow control holds the sender back).
 #ifndef JAXCC_CPU_TCP_ENGINE_H_
 #define JAXCC_CPU_TCP_ENGINE_H_
 
