@@ -154,7 +154,7 @@ def _bench_calibrate(args) -> None:
 
 def _bench_probe(args) -> None:
   if not args.testbed:
-    raise ValueError("bench probe runs on the testbed: pass --testbed (needs root); in a "
+    raise ValueError("bench probe runs on the testbed: pass --testbed; in a "
                      "jax.distributed job call jaxcc.probe_topology(mesh, axis_name)")
   result = probe.run(_ranks(args), rate=args.rate, stragglers=_stragglers(args),
                      clusters=args.clusters, inter_rate=args.inter_rate,
@@ -197,7 +197,7 @@ def _parser() -> argparse.ArgumentParser:
     p = benches.add_parser(
         command, help=f"time {name} algorithms",
         description=f"Time {name} algorithms on virtual CPU devices (default) or on the testbed "
-                    "(--testbed, root), flat or in clusters (--clusters): median of --repeats "
+                    "(--testbed), flat or in clusters (--clusters): median of --repeats "
                     "runs, the slowest rank's time each, against the fault-free lax twin "
                     f"({collective.BASELINES[name]}), the lower bound and the simulator's "
                     "prediction; on testbed clusters also the bytes sent across clusters.")
@@ -210,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
                         "hierarchical; on clusters lax, ring and hierarchical)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs (default 5)")
     p.add_argument("--testbed", action="store_true",
-                   help="run on an emulated cluster of network namespaces (needs root)")
+                   help="run on an emulated cluster of network namespaces (jaxcc.testbed)")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of time / lower bound")
     p.set_defaults(command=_bench_collective, collective=name)
 
@@ -219,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
       description="Time jaxcc's collectives against their lax twins at sizes from 4 KiB to "
                   "256 MiB of float32 (x4 steps): on virtual CPU devices of one process "
                   "(default), across --nproc processes on loopback (gloo) or on the testbed "
-                  "(--testbed, root). Every result is checked against lax first; rows give "
+                  "(--testbed). Every result is checked against lax first; rows give "
                   "the median and minimum time, algbw and busbw as nccl-tests defines them, "
                   "and lax's time / jaxcc's.")
   p.add_argument("--collectives", type=_collectives, default=list(sweep.COLLECTIVES),
@@ -235,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
                  help="processes of one CPU device each, on loopback (with --testbed: hosts, "
                       "default 4)")
   p.add_argument("--testbed", action="store_true",
-                 help="run on an emulated cluster of network namespaces (needs root)")
+                 help="run on an emulated cluster of network namespaces (jaxcc.testbed)")
   p.add_argument("--rate", default="200mbit",
                  help="with --testbed: link rate of every host, a tc rate (default 200mbit)")
   p.add_argument("--straggler", action="append", type=parse_stragglers, metavar="RANK:FRACTION",
@@ -251,19 +251,19 @@ def _parser() -> argparse.ArgumentParser:
   p.set_defaults(command=_bench_sweep)
 
   p = benches.add_parser(
-      "probe", help="jaxcc.probe_topology on the testbed against the configured network (root)",
+      "probe", help="jaxcc.probe_topology on the testbed against the configured network",
       description="Build a testbed cluster, measure it with jaxcc.probe_topology over jaxcc's "
                   "TCP transport, and compare each port's probed rate, the clusters and the "
-                  "stragglers with the configuration (needs root).")
+                  "stragglers with the configuration.")
   common(p, None)
   clustered(p)
   p.add_argument("--testbed", action="store_true", help="run on the testbed (required)")
   p.set_defaults(command=_bench_probe)
 
   p = benches.add_parser(
-      "calibrate", help="measured link throughput vs the configured rate (testbed, root)",
+      "calibrate", help="measured link throughput vs the configured rate (testbed)",
       description="Stream TCP around a testbed cluster's ring and compare each link's goodput "
-                  "with its configured rate (needs root).")
+                  "with its configured rate.")
   common(p, 4)
   p.add_argument("--seconds", type=float, default=2.0, help="stream length (default 2)")
   p.set_defaults(command=_bench_calibrate)

@@ -1,7 +1,7 @@
 """Run a Python script as the ``nproc`` processes of one ``jax.distributed`` job.
 
 ``launch`` starts them on loopback (coordinator on 127.0.0.1, a free port) or
-one per host of an entered ``jaxcc.testbed.Cluster`` (``ip netns exec``; the
+one per host of an entered ``jaxcc.testbed.Cluster`` (``Cluster.command``; the
 coordinator on host 0), each with ``JAX_PLATFORMS=cpu``, ``local_devices``
 virtual CPU devices and these variables:
 
@@ -106,7 +106,7 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
   procs = []
   try:
     for i in range(nproc):
-      where = [] if cluster is None else ["ip", "netns", "exec", cluster.netns(i)]
+      where = [] if cluster is None else cluster.command(i)
       procs.append(subprocess.Popen(
           [*where, sys.executable, script, *map(str, args)],
           env=dict(base, **{PROCESS_ID: str(i)}), stdout=outs[i], stderr=errs[i], text=True,

@@ -37,16 +37,47 @@ def test_psum_and_optcc_agree_on_a_cluster_with_a_straggler():
     assert a[0] - b[0] > 4 * (1 << 20) and a[1] - b[1] > 4 * (1 << 20), (b, a)
   assert all(min(r["samples"]["psum"] + r["samples"]["optcc"]) > 0 for r in results), results
   assert not namespaces(prefix), "teardown left namespaces behind"
-  assert not os.path.exists(os.path.join(netns.NETNS_ETC, f"{prefix}0"))
   print(f"testbed: {results} in {time.monotonic() - start:.1f} s")
 
 
-def test_without_root_the_error_names_what_is_missing(monkeypatch):
-  monkeypatch.setattr(os, "geteuid", lambda: 1000)
+def test_the_rootless_mode_builds_the_same_cluster_and_leaves_nothing(monkeypatch):
+  require()
+  monkeypatch.setenv("JAXCC_TESTBED_MODE", "rootless")  # as any user; here forced as root
+  with testbed.Cluster(4, rate="200mbit", stragglers={3: 0.5}, clusters=(2, 2),
+                       inter_rate="100mbit") as cluster:
+    assert cluster.mode == "rootless"
+    assert sorted(cluster.namespaces()) == [f"{netns.PREFIX}{cluster.tag}-{i}" for i in range(4)]
+    assert not namespaces(f"{netns.PREFIX}{cluster.tag}-"), "built in the host's namespaces"
+    results = collective.measure("all_reduce", cluster.topology, 1 << 20, ["psum", "optcc"], 2,
+                                 cluster=cluster)
+    sent, received = cluster.bytes(3)
+    inter = cluster.level_bytes(3)["inter"]
+    holder = cluster._holder
+  assert [r["process"] for r in results] == [0, 1, 2, 3]
+  assert sent > 2 * (1 << 20) and received > 2 * (1 << 20), (sent, received)
+  assert inter[0] > 1 << 19 and inter[1] > 1 << 19, inter
+  assert holder.poll() is not None and cluster.namespaces() == []
+
+
+def test_without_the_tools_the_error_names_them(monkeypatch):
   monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/x/ip")
-  with pytest.raises(RuntimeError, match=r"needs root .* and the 'tc' command"):
+  with pytest.raises(RuntimeError, match=r"needs the commands 'tc' \(iproute2\)"):
     with testbed.Cluster(2):
       pass
+
+
+def test_without_root_or_user_namespaces_the_error_says_how_to_enable_them(monkeypatch):
+  monkeypatch.setattr(os, "geteuid", lambda: 1000)
+  monkeypatch.setattr(netns.shutil, "which", lambda tool: f"/x/{tool}")
+  monkeypatch.setattr(netns.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+      a[0], 1, "", "unshare: unshare failed: Operation not permitted"))
+  with pytest.raises(RuntimeError, match=r"needs root or unprivileged user namespaces.*"
+                                         r"Operation not permitted.*sysctl -w"):
+    with testbed.Cluster(2):
+      pass
+  monkeypatch.setenv("JAXCC_TESTBED_MODE", "root")
+  with pytest.raises(RuntimeError, match="JAXCC_TESTBED_MODE=root needs root"):
+    testbed.mode()
 
 
 def test_rates_parse_and_stragglers_scale_them():

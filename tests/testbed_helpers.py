@@ -10,7 +10,8 @@ from jaxcc.testbed import netns
 
 
 def require():
-  """Skip without root and iproute2, except under CI (``CI`` set), where that fails the test."""
+  """Skip where no testbed can be built (neither root nor user namespaces, or no iproute2),
+  except under CI (``CI`` set), where that fails the test."""
   try:
     testbed.require_privileges()
   except RuntimeError as e:

@@ -15,6 +15,10 @@
   axes, the border executor), "native" (the whole schedule on jaxcc's engine)
   or "auto" (default: "xla" on the GPU, where the inner axes are NCCL's;
   "native" on the CPU, where the whole schedule measured faster).
+* ``JAXCC_TESTBED_MODE`` (``testbed_mode()``, read when a testbed cluster is
+  entered): "auto" (default: "root" as root, else "rootless"), "root" (the
+  host's network namespaces) or "rootless" (inside an unprivileged user
+  namespace, as any user).
 * ``JAXCC_TCP_INTEGRITY`` (``tcp_integrity()``, read when the TCP transport
   starts): "off" (default) or "hmac": every frame on the TCP connections
   carries an HMAC-SHA256 under its connection's key. Every process of a job
@@ -101,6 +105,20 @@ def intra_engine() -> str:
     return "auto"
   if value not in INTRA_ENGINES:
     raise ValueError(f"JAXCC_INTRA_ENGINE={value!r}: expected one of {INTRA_ENGINES} (unset: "
+                     f"auto)")
+  return value
+
+
+TESTBED_MODES = ("auto", "root", "rootless")
+
+
+def testbed_mode() -> str:
+  """``JAXCC_TESTBED_MODE``: "auto" (default), "root" or "rootless"."""
+  value = _env("JAXCC_TESTBED_MODE")
+  if value is None:
+    return "auto"
+  if value not in TESTBED_MODES:
+    raise ValueError(f"JAXCC_TESTBED_MODE={value!r}: expected one of {TESTBED_MODES} (unset: "
                      f"auto)")
   return value
 

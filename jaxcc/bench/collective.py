@@ -6,7 +6,7 @@ level. For each, ``run`` measures every algorithm of ``collective`` on
 ``ranks`` ranks, each with ``nbytes`` of float32 (all_reduce's buffer,
 reduce_scatter's input, all_gather's output): on the testbed (one
 ``jax.distributed`` process per host of a ``jaxcc.testbed.Cluster``, shaped
-to the configured rates; needs root) or on virtual CPU devices of one
+to the configured rates) or on virtual CPU devices of one
 process (no network: the rates only shape the plans, times are bound by
 memory). A run's time is the slowest process' (on virtual devices the one
 process'); a row reports the median. The lax twin (``BASELINES``) runs as
@@ -84,7 +84,7 @@ def run(collective: str, ranks: int, nbytes: int, *, rate: str | float = "200mbi
       "hierarchical" on a flat network, and the lax twin, ring and
       hierarchical on clusters.
     repeats: timed runs per algorithm and configuration, after one warm-up.
-    testbed: run on an emulated cluster (root) instead of virtual devices.
+    testbed: run on an emulated cluster (jaxcc.testbed) instead of virtual devices.
     clusters: sizes of consecutive clusters along the ranks; None: flat.
     inter_rate: each rank's cross-cluster rate (with ``clusters``; default ``rate``).
     link_efficiency: measured goodput / configured rate for the simulation; by

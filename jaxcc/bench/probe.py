@@ -30,7 +30,7 @@ def run(ranks: int, *, rate: str | float = "200mbit",
         inter_rate: str | float | None = None, inter_stragglers: Mapping[int, float] | None = None,
         nbytes: int = 64 << 10, seconds: float = 0.08, plan_bytes: int = 8 << 20,
         timeout_s: float = 300) -> dict:
-  """Probe a testbed cluster (root) and compare; returns the comparison (see ``compare``).
+  """Probe a testbed cluster and compare; returns the comparison (see ``compare``).
 
   Args:
     ranks: hosts.

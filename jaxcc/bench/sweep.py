@@ -6,7 +6,7 @@ ppermute (a shift to the next rank) against their lax twins
 root's array, which sends 2(p-1)/p S per rank where all_gather-and-index sends
 (p-1) S) at sizes from 4 KiB to 256 MiB (x4 steps) of float32: on virtual CPU
 devices of one process, across processes on loopback (gloo is lax's
-transport) or on the testbed (one process per host; needs root). Every jaxcc
+transport) or on the testbed (one process per host). Every jaxcc
 result is first checked against the twin's; then the two take turns, fewer
 times at large sizes (``repeats_at``). A run's time is the slowest
 process'. Per size and collective a row gives the median and the minimum of
@@ -79,7 +79,7 @@ def run(*, collectives: Sequence[str] = COLLECTIVES, sizes: Sequence[int] = tupl
     repeats: timed runs of each (fewer above 4 MiB: ``repeats_at``).
     devices: virtual CPU devices of the one process, without ``nproc`` and ``testbed``.
     nproc: processes of one CPU device each, on loopback (or testbed hosts; 4 by default).
-    testbed: run on an emulated cluster (root) at ``rate``, ``stragglers`` slowed;
+    testbed: run on an emulated cluster at ``rate``, ``stragglers`` slowed;
       jaxcc then plans on the configured rates.
     rate: each testbed host's link rate, a ``tc`` rate or bit/s.
     stragglers: ``{rank: fraction}`` of the testbed's rate.

@@ -3,6 +3,6 @@
 ``jaxcc.launcher.launch(script, cluster=cluster)`` runs a JAX program in it.
 """
 
-from jaxcc.testbed.netns import Cluster, cleanup_stale, parse_rate, require_privileges
+from jaxcc.testbed.netns import Cluster, cleanup_stale, mode, parse_rate, require_privileges
 
-__all__ = ["Cluster", "cleanup_stale", "parse_rate", "require_privileges"]
+__all__ = ["Cluster", "cleanup_stale", "mode", "parse_rate", "require_privileges"]
