@@ -15,7 +15,7 @@ step counter when a round ends. Every round the averaged model is evaluated
 on the held-out text. ``benchmarks/diloco_experiment.py`` runs this training
 for data parallelism, DiLoCo and every gossip configuration.
 
-Run: ``.venv/bin/python examples/diloco_train.py`` (about a minute on 2 cores;
+Run: ``.venv/bin/python examples/diloco_train.py`` (about 20 s on 2 cores;
 ``--help`` for the graph, blocking rounds, drops and a failed worker).
 """
 
@@ -122,9 +122,12 @@ def loss_fn(params, windows):
 
 
 def inner_optimizer(steps: int) -> optax.GradientTransformation:
-  """AdamW as in DiLoCo (betas 0.9/0.95, weight decay 0.1, clipping 1.0), warmup then cosine."""
-  schedule = optax.warmup_cosine_decay_schedule(0.0, LEARNING_RATE, WARMUP, steps,
-                                                LEARNING_RATE / 10)
+  """AdamW as in DiLoCo (betas 0.9/0.95, weight decay 0.1, clipping 1.0), warmup then cosine.
+
+  The warmup is ``WARMUP`` steps, or half of ``steps`` when that is fewer.
+  """
+  schedule = optax.warmup_cosine_decay_schedule(0.0, LEARNING_RATE, min(WARMUP, steps // 2),
+                                                steps, LEARNING_RATE / 10)
   return optax.chain(optax.clip_by_global_norm(1.0),
                      optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1))
 

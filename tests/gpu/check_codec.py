@@ -2,7 +2,7 @@
 
 Run on a machine with a CUDA GPU and jaxcc built with CUDA (tests/gpu/run.sh):
 
-  python tests/gpu/codec_check.py [--quick]
+  python tests/gpu/check_codec.py [--quick]
 
 1. Bit-exactness: for bf16/f16/f32 x fixed/entropy x adversarial data (normal,
    weights, random bits, NaN/inf/-0.0/subnormals, 97% zeros, all zeros) x sizes
@@ -41,8 +41,6 @@ CODECS = ("fixed", "entropy")
 KINDS = ("normal", "weights", "bits", "special", "sparse", "zeros")
 SIZES = (1, 255, 256, 257, 4099, 65536, 65536 * 3 + 1000)
 TARGET_GBPS = {"fixed": 1000.0, "entropy": 300.0}
-
-
 
 
 def same_bits(a, b) -> bool:

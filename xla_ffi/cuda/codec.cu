@@ -1,7 +1,7 @@
 // The jaxcc codecs on the GPU: the handlers of
 // jaxcc_codec_{encode,decode}_{fixed,entropy}, byte for byte the CPU formats
 // of xla_ffi/include/jaxcc/codec.h (the same header code decides every block;
-// tests/gpu/codec_check.py compares them). The kernels are in codec_fixed.cu
+// tests/gpu/check_codec.py compares them). The kernels are in codec_fixed.cu
 // and codec_entropy.cu, the checksum in codec_checksum.cu.
 //
 // Encoding never synchronises with the host. Decoding copies the 32-byte
