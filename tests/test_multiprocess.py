@@ -11,6 +11,7 @@ import re
 import socket
 import threading
 import time
+import types
 
 import pytest
 
@@ -132,3 +133,30 @@ def _fake_acceptor(listener):
     conn.sendall(tcp_bootstrap.challenge(1, b"c" * 32))
     got = conn.recv(100)
     conn.sendall(tcp_bootstrap.ack(b"x" * 32, 1, 0, b"c" * 32, got[16:48]))
+
+
+def test_the_open_listener_hands_each_authenticated_reconnect_to_the_transport(monkeypatch,
+                                                                                caplog):
+  secret = b"s" * 32
+  handed = []
+  monkeypatch.setattr(tcp_bootstrap.ffi, "load", lambda: types.SimpleNamespace(
+      cpu=types.SimpleNamespace(tcp_rejoin=lambda q, fd, key: handed.append((q, key)))))
+  listener = socket.create_server(("127.0.0.1", 0))
+  threading.Thread(target=tcp_bootstrap.serve, args=(listener, secret, 0, 3),
+                   daemon=True).start()
+  with caplog.at_level(logging.WARNING, logger="jaxcc"):
+    with socket.create_connection(listener.getsockname()) as intruder:
+      intruder.settimeout(10)
+      with pytest.raises(ConnectionError):  # closed without an answer
+        tcp_bootstrap.connect_peer(intruder, b"x" * 32, 2, 0)
+    keys = []
+    for q in (2, 1, 2):  # each reconnect gets a fresh challenge, so a fresh key
+      with socket.create_connection(listener.getsockname()) as conn:
+        conn.settimeout(10)
+        keys.append((q, tcp_bootstrap.connect_peer(conn, secret, q, 0)))
+        deadline = time.monotonic() + 10
+        while len(handed) < len(keys) and time.monotonic() < deadline:
+          time.sleep(0.01)
+  listener.close()
+  assert handed == keys and len({key for _, key in keys}) == 3
+  assert any("failed the handshake" in r.getMessage() for r in caplog.records)

@@ -228,7 +228,7 @@ def serve(listener: socket.socket, secret: bytes, me: int, n: int) -> None:
       q, key = answer(conn, secret, me, others)
       tune(conn)
       ffi.load().cpu.tcp_rejoin(q, conn.detach(), key)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
       _refused(me, addr, e)
       conn.close()
       continue
