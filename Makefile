@@ -1,8 +1,13 @@
 # Developer entry points.
 #
-#   make test                                  build jaxcc into .venv, run tests/
+#   make test                                  build jaxcc into .venv, run tests/, then
+#                                              `make sanitize`
 #   make test PYTEST_ARGS=tests/test_reduce.py  a subset (any pytest arguments;
-#                                              tests/ is run unless they name tests)
+#                                              tests/ is run unless they name tests),
+#                                              without `make sanitize`
+#   make sanitize                              the CPU module with AddressSanitizer and
+#                                              UndefinedBehaviorSanitizer, run on SANITIZE_TESTS
+#   make sanitize PYTEST_ARGS=tests/test_reduce.py  another subset, sanitized
 #   make demo                                  run examples/demo.py
 #   make install                               only (re)build and install jaxcc
 #
@@ -10,11 +15,27 @@
 # is installed editable and without build isolation, so its native modules are
 # compiled against the jaxlib that runs them; they are rebuilt only when a
 # native source, CMakeLists.txt, pyproject.toml or the installed jaxlib changes.
+#
+# `make sanitize` builds _jaxcc_cpu with -fsanitize=address,undefined (GCC) into
+# build/sanitize, with CMake directly (the installed module is untouched), when
+# a native source, CMakeLists.txt or jaxlib changed, and runs the codec, native
+# executor, multi-process, HMAC and TCP fuzz tests with it (JAXCC_NATIVE_DIR)
+# under the sanitizer runtimes; the worker processes of the multi-process tests
+# inherit them. Any report aborts its process and fails the target, also where
+# a test expected that process to fail; the reports are kept in
+# build/sanitize/reports and printed. ASan's allocator makes XLA's compiles about
+# twice as slow, so XLA compiles without LLVM optimisation there (the subset's
+# bit-for-bit comparisons with XLA hold at that level too) and the multi-process
+# jobs get 3 times their time limit. It takes about 5 minutes on 2 cores.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-DEPS := jax numpy optax absl-py pytest matplotlib nanobind scikit-build-core ninja
+# Prints pyproject.toml's build requirements, runtime dependencies and test and
+# bench extras (not minilm nor baselines: they bring torch) as shell words.
+PRINT_DEPS = $(PY) -c 'import shlex, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+  e = p["project"]["optional-dependencies"]; print(shlex.join(p["build-system"]["requires"] \
+  + p["project"]["dependencies"] + e["test"] + e["bench"]))'
 CMAKE_MIN := 3.18
 PYTEST_ARGS ?=
 TEST_PATHS := $(if $(filter tests%,$(PYTEST_ARGS)),,tests)
@@ -30,7 +51,24 @@ INSTALL_STAMP := $(VENV)/.jaxcc-installed
 NVCC := $(if $(filter OFF off 0,$(JAXCC_ENABLE_CUDA)),,$(or $(CUDACXX),$(shell command -v nvcc 2>/dev/null)))
 NCCL_STAMP := $(if $(NVCC),build/nccl/.fetched)
 
-.PHONY: all install test demo clean
+SANITIZE_DIR := build/sanitize
+SANITIZE_STAMP := $(SANITIZE_DIR)/.built
+SANITIZE_REPORTS := $(SANITIZE_DIR)/reports
+SANITIZE_TESTS := tests/codec tests/test_native_executor.py tests/test_multiprocess.py \
+  $(wildcard tests/test_hmac.py tests/test_tcp_fuzz.py)
+SANITIZE_PATHS := $(if $(filter tests%,$(PYTEST_ARGS)),,$(SANITIZE_TESTS))
+CMAKE = $(or $(wildcard $(VENV)/bin/cmake),cmake)
+# The runtimes the module links, ASan's first. Python links no libstdc++: unless
+# it is preloaded too, ASan finds no __cxa_throw to intercept and jaxlib's first
+# C++ exception fails an ASan CHECK.
+SANITIZE_PRELOAD = $(shell ldd $(SANITIZE_DIR)/_jaxcc_cpu*.so | \
+  awk '/libasan/ {a = $$3} /libstdc\+\+/ {s = $$3} END {print a, s}')
+SANITIZE_ENV = JAXCC_NATIVE_DIR=$(CURDIR)/$(SANITIZE_DIR) LD_PRELOAD="$(SANITIZE_PRELOAD)" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$(CURDIR)/$(SANITIZE_REPORTS)/asan \
+  UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1:log_path=$(CURDIR)/$(SANITIZE_REPORTS)/ubsan \
+  XLA_FLAGS="--xla_backend_optimization_level=0 $(XLA_FLAGS)" JAXCC_TEST_TIMEOUT_SCALE=3
+
+.PHONY: all install test sanitize demo clean
 
 all: install
 
@@ -38,6 +76,16 @@ install: $(INSTALL_STAMP)
 
 test: $(INSTALL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) $(TEST_PATHS)
+	$(if $(PYTEST_ARGS),,$(MAKE) sanitize)
+
+# Leaks are not reported: the interpreter and jaxlib keep memory until exit.
+sanitize: $(INSTALL_STAMP) $(SANITIZE_STAMP)
+	@rm -rf $(SANITIZE_REPORTS) && mkdir -p $(SANITIZE_REPORTS)
+	$(SANITIZE_ENV) $(PY) -m pytest -x -q $(PYTEST_ARGS) $(SANITIZE_PATHS) || status=$$?; \
+	if [ -n "$$(ls $(SANITIZE_REPORTS))" ]; then \
+	  cat $(SANITIZE_REPORTS)/*; echo "error: sanitizer reports, kept in $(SANITIZE_REPORTS)" >&2; \
+	  exit 1; \
+	fi; exit $${status:-0}
 
 demo: $(INSTALL_STAMP)
 	$(PY) examples/demo.py
@@ -51,10 +99,10 @@ $(PY):
 	  "error: jaxcc needs Python >= 3.11, $(PYTHON) is " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 
-# Runtime, test and build dependencies; a cmake from PyPI if the system has none
-# (or one older than CMAKE_MIN).
-$(DEPS_STAMP): Makefile | $(PY)
-	$(PY) -m pip install -q $(DEPS)
+# The dependencies of pyproject.toml above and ninja; a cmake from PyPI if the
+# system has none (or one older than CMAKE_MIN).
+$(DEPS_STAMP): Makefile pyproject.toml | $(PY)
+	deps=$$($(PRINT_DEPS)) && eval "$(PY) -m pip install -q $$deps ninja"
 	@v=$$(cmake --version 2>/dev/null | sed -n 's/^cmake version \([0-9.]*\).*/\1/p'); \
 	oldest=$$(printf '%s\n' $(CMAKE_MIN) "$$v" | sort -V | head -n1); \
 	if [ -z "$$v" ] || [ "$$oldest" != $(CMAKE_MIN) ]; then \
@@ -74,6 +122,13 @@ build/nccl/.fetched: | $(DEPS_STAMP)
 	fi
 	@rm -rf build/nccl/wheel
 	@touch $@
+
+$(SANITIZE_STAMP): $(DEPS_STAMP) $(NATIVE_SOURCES) CMakeLists.txt $(JAXLIB_VERSION)
+	$(CMAKE) -S . -B $(SANITIZE_DIR) -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
+	  -DPython_EXECUTABLE=$(CURDIR)/$(PY) -DSKBUILD_PROJECT_NAME=jaxcc \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DJAXCC_ENABLE_CUDA=OFF -DJAXCC_SANITIZE=address,undefined
+	$(CMAKE) --build $(SANITIZE_DIR) --target _jaxcc_cpu
+	touch $@
 
 $(INSTALL_STAMP): $(DEPS_STAMP) $(NCCL_STAMP) $(NATIVE_SOURCES) CMakeLists.txt pyproject.toml $(JAXLIB_VERSION)
 	$(PY) -m pip install --no-build-isolation --no-deps -e .

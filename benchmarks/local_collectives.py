@@ -14,8 +14,8 @@ which runs lax.ppermute within a process): it pays what a jaxcc collective
 pays around the communication (the program-order effect: JAX dispatches a
 program with an ordered effect on its slower Python path), so local /
 lax+order compares the in-process handler with XLA's collective at equal
-overhead. Writes ``local_collectives.json``
-(and ``.png`` with matplotlib) next to this file.
+overhead. Writes ``local_collectives.json`` and ``local_collectives.png``
+next to this file.
 Run: ``.venv/bin/python benchmarks/local_collectives.py``.
 """
 
@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from jaxcc.bench import extras  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # local_harness: the local executor in shard_map
@@ -96,6 +97,7 @@ def main():
   parser.add_argument("--collectives", default=",".join(_variants(None)))
   parser.add_argument("--max-bytes", type=int, default=SIZES[-1])
   args = parser.parse_args()
+  extras.require("benchmarks/local_collectives.py", "matplotlib")
   mesh = jax.make_mesh((P_RANKS,), ("x",))
   results = []
   print(f"{'collective':<15} {'bytes/rank':>10} {'lax ms':>8} {'+order':>8} {'local':>8} "
@@ -123,12 +125,9 @@ def main():
   out = HERE / "local_collectives.json"
   out.write_text(json.dumps({"devices": P_RANKS, "repeats": args.repeats, "results": results},
                             indent=1))
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    return
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4))
   for i, name in enumerate(dict.fromkeys(r["collective"] for r in results)):
     rows = [r for r in results if r["collective"] == name]

@@ -26,6 +26,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxcc  # noqa: E402
+from jaxcc.bench import extras  # noqa: E402
 
 VARIANTS = {
     "lax.psum": lambda b: lax.psum(b, "x"),
@@ -42,6 +43,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
   args = parser.parse_args()
+  extras.require("benchmarks/native_inprocess.py", "matplotlib")
   p = jax.device_count()
   mesh = jax.make_mesh((p,), ("x",))
   n = args.mib * (1 << 20) // 4

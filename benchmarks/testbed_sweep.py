@@ -19,7 +19,7 @@ import pathlib
 import sys
 import time
 
-from jaxcc.bench import calibration, collective, report
+from jaxcc.bench import calibration, collective, extras, report
 from jaxcc.testbed import Cluster
 
 CONFIGURATIONS = ({}, {3: 0.875}, {3: 0.75}, {3: 0.5}, {1: 0.75, 3: 0.75}, {1: 0.5, 3: 0.5})
@@ -33,6 +33,7 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
   args = parser.parse_args()
+  extras.require("benchmarks/testbed_sweep.py", "matplotlib")
   start = time.time()
   with Cluster(args.ranks, args.rate) as cluster:
     calib = calibration.calibrate(cluster)

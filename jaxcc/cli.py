@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from jaxcc.bench import calibration, collective, probe, report, sweep
+from jaxcc.bench import calibration, collective, extras, probe, report, sweep
 from jaxcc.testbed import Cluster
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
@@ -87,6 +87,12 @@ def _collectives(text: str) -> list[str]:
   return names
 
 
+def _plot_path(path: str) -> str:
+  """--plot's PATH; exits at parsing, before any work, if matplotlib is not installed."""
+  extras.require("jaxcc bench --plot", "matplotlib")
+  return path
+
+
 def _names(text: str) -> list[str]:
   return [a.strip() for a in text.split(",") if a.strip()]
 
@@ -114,8 +120,6 @@ def _ranks(args) -> int:
 
 
 def _bench_collective(args) -> None:
-  if args.plot:
-    report.require_matplotlib("--plot")
   rows = collective.run(args.collective, _ranks(args), args.size, rate=args.rate,
                         configurations=[(_stragglers(args), _stragglers(args, "inter_straggler"))],
                         algorithms=args.algorithms, repeats=args.repeats, testbed=args.testbed,
@@ -128,8 +132,6 @@ def _bench_collective(args) -> None:
 
 
 def _bench_sweep(args) -> None:
-  if args.plot:
-    report.require_matplotlib("--plot")
   if args.devices is not None and (args.nproc or args.testbed):
     raise ValueError("--devices is for one process of virtual devices; with --nproc or "
                      "--testbed every process has one device")
@@ -211,7 +213,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="timed runs (default 5)")
     p.add_argument("--testbed", action="store_true",
                    help="run on an emulated cluster of network namespaces (jaxcc.testbed)")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG of time / lower bound")
+    p.add_argument("--plot", type=_plot_path, metavar="PATH",
+                   help="write a PNG of time / lower bound")
     p.set_defaults(command=_bench_collective, collective=name)
 
   p = benches.add_parser(
@@ -247,7 +250,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--codec", default="none", choices=("none", "fixed", "entropy"),
                  help="jaxcc's codec (default none)")
   p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
-  p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw and lax / jaxcc")
+  p.add_argument("--plot", type=_plot_path, metavar="PATH",
+                 help="write a PNG of busbw and lax / jaxcc")
   p.set_defaults(command=_bench_sweep)
 
   p = benches.add_parser(

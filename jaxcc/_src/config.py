@@ -23,6 +23,10 @@
   starts): "off" (default) or "hmac": every frame on the TCP connections
   carries an HMAC-SHA256 under its connection's key. Every process of a job
   must set the same.
+* ``JAXCC_NATIVE_DIR`` (``native_dir()``, read when jaxcc is imported): a
+  directory to import the native modules from instead of the installed
+  package, such as the sanitized build that ``make sanitize`` puts in
+  build/sanitize (unset: the installed modules).
 
 The functions read the environment each time they are called, at the lowering
 of each collective, so a value set between two lowerings holds for the second.
@@ -135,6 +139,17 @@ def tcp_integrity() -> str:
     raise ValueError(f"JAXCC_TCP_INTEGRITY={value!r}: expected one of {TCP_INTEGRITY} (unset: "
                      f"off)")
   return value
+
+
+def native_dir() -> str | None:
+  """``JAXCC_NATIVE_DIR``: the directory of the native modules to import (absolute), or None."""
+  value = _env("JAXCC_NATIVE_DIR")
+  if value is None:
+    return None
+  if not os.path.isdir(value):
+    raise ValueError(f"JAXCC_NATIVE_DIR={value!r}: expected a directory holding _jaxcc_cpu "
+                     f"(unset: the installed modules)")
+  return os.path.abspath(value)
 
 
 USE_FFI: bool = _env_flag("JAXCC_USE_FFI", True)

@@ -24,19 +24,30 @@ Checks at load, each an ImportError that says how to rebuild:
 
 ``_jaxcc_cpu``, ``_jaxcc_cuda`` and ``HAS_CUDA`` are also attributes of this
 module; reading one loads the modules.
+
+With ``JAXCC_NATIVE_DIR`` set (``config.native_dir()``), both modules are
+imported from that directory instead of the installed package, and one missing
+there is missing. It is read when this module is imported (``import jaxcc``
+does), so ``from jaxcc import _jaxcc_cpu`` gets the module that :func:`load`
+gets.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.abc
+import importlib.machinery
 import os
 import re
+import sys
 import threading
 import types
 
 import jax
 import jaxlib
+
+from jaxcc._src import config
 
 REBUILD_HINT = (
     "Build jaxcc with the Python and jax that run it: `make install` in the jaxcc checkout, or "
@@ -50,6 +61,27 @@ class Native:
   cpu: types.ModuleType
   cuda: types.ModuleType | None
 
+
+class _NativeDirFinder(importlib.abc.MetaPathFinder):
+  """Finds jaxcc's native modules in one directory, ahead of every other finder."""
+
+  NAMES = ("jaxcc._jaxcc_cpu", "jaxcc._jaxcc_cuda")
+
+  def __init__(self, directory: str):
+    self.directory = directory
+
+  def find_spec(self, fullname, path=None, target=None):
+    if fullname not in self.NAMES:
+      return None
+    spec = importlib.machinery.PathFinder.find_spec(fullname, [self.directory])
+    if spec is None:
+      raise ImportError(f"no {fullname} in JAXCC_NATIVE_DIR={self.directory}", name=fullname)
+    return spec
+
+
+_native_dir = config.native_dir()
+if _native_dir is not None:
+  sys.meta_path.insert(0, _NativeDirFinder(_native_dir))
 
 _lock = threading.Lock()
 _native: Native | None = None

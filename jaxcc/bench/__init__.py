@@ -4,9 +4,10 @@
 configurations, flat or in clusters, and returns rows with the lower bound,
 the simulator's prediction and the fault-free lax twin; ``sweep.run`` times every collective at every size against
 its lax twin (algbw, busbw); ``calibration.calibrate`` measures a testbed's
-links; ``report`` turns each into tables, JSON and a plot.
+links; ``report`` turns each into tables, JSON and a plot; ``extras.require``
+stops an entry point before any work when a package of an extra is missing.
 """
 
-from jaxcc.bench import calibration, collective, report, sweep
+from jaxcc.bench import calibration, collective, extras, report, sweep
 
-__all__ = ["calibration", "collective", "report", "sweep"]
+__all__ = ["calibration", "collective", "extras", "report", "sweep"]

@@ -186,15 +186,6 @@ def plot(rows: Sequence[dict], path: str | os.PathLike) -> None:
   plt.close(fig)
 
 
-def require_matplotlib(what: str) -> None:
-  """Raise RuntimeError naming ``what`` (e.g. "--plot") if matplotlib cannot be imported."""
-  try:
-    import matplotlib  # noqa: F401
-  except ImportError as e:
-    raise RuntimeError(f"{what} needs matplotlib ({e}); pip install matplotlib, or leave "
-                       f"{what} out") from None
-
-
 def sweep_plot(rows: Sequence[dict], path: str | os.PathLike) -> None:
   """A PNG of a sweep: busbw against size per collective (jaxcc solid, lax dashed), and
   lax's time / jaxcc's against size."""
