@@ -60,7 +60,8 @@ def test_the_rootless_mode_builds_the_same_cluster_and_leaves_nothing(monkeypatc
 
 
 def test_without_the_tools_the_error_names_them(monkeypatch):
-  monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/x/ip")
+  monkeypatch.setattr(netns.shutil, "which",
+                      lambda tool, path=None: None if tool == "tc" else f"/x/{tool}")
   with pytest.raises(RuntimeError, match=r"needs the commands 'tc' \(iproute2\)"):
     with testbed.Cluster(2):
       pass
@@ -68,7 +69,7 @@ def test_without_the_tools_the_error_names_them(monkeypatch):
 
 def test_without_root_or_user_namespaces_the_error_says_how_to_enable_them(monkeypatch):
   monkeypatch.setattr(os, "geteuid", lambda: 1000)
-  monkeypatch.setattr(netns.shutil, "which", lambda tool: f"/x/{tool}")
+  monkeypatch.setattr(netns.shutil, "which", lambda tool, path=None: f"/x/{tool}")
   monkeypatch.setattr(netns.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
       a[0], 1, "", "unshare: unshare failed: Operation not permitted"))
   with pytest.raises(RuntimeError, match=r"needs root or unprivileged user namespaces.*"

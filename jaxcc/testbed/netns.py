@@ -56,11 +56,18 @@ logger = logging.getLogger("jaxcc")
 PREFIX = "jaxcc-"
 SUBNET = "10.77.0"
 _TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux", "nsenter": "util-linux"}
+_SBIN = ("/usr/sbin", "/sbin")  # where iproute2 lives, outside a user's PATH on some systems
 # Makes /run/netns a tmpfs of the namespace's own (over /run where it is missing), then waits.
 _HOLD = ("mount -t tmpfs tmpfs /run/netns 2>/dev/null || "
          "{ mount -t tmpfs tmpfs /run && mkdir /run/netns; } && echo ready && exec sleep infinity")
 # Runs "$@" in network namespace $2 with the hosts file $1 over /etc/hosts.
-_AS_HOST = 'mount --bind "$1" /etc/hosts && ns=$2 && shift 2 && exec ip netns exec "$ns" "$@"'
+_AS_HOST = (f'PATH="$PATH:{":".join(_SBIN)}" && mount --bind "$1" /etc/hosts && ns=$2 && '
+            'shift 2 && exec ip netns exec "$ns" "$@"')
+
+
+def _environ() -> dict[str, str]:
+  """This process' environment with the sbin directories at the end of PATH."""
+  return dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN]))
 _CONGESTION = "/proc/sys/net/ipv4/tcp_congestion_control"  # a namespace's default
 _CONGESTION_LIST = "/proc/sys/net/ipv4/tcp_{}_congestion_control"  # available, allowed
 _BURST = "256kb"  # measured in testbed.md: smaller bursts cost CPU, larger ones skew short runs
@@ -88,7 +95,9 @@ def mode() -> str:
   Raises:
     RuntimeError: in one line, why neither works here and how to make it work.
   """
-  missing = [f"'{tool}' ({package})" for tool, package in _TOOLS.items() if not shutil.which(tool)]
+  path = _environ()["PATH"]
+  missing = [f"'{tool}' ({package})" for tool, package in _TOOLS.items()
+             if not shutil.which(tool, path=path)]
   if missing:
     raise RuntimeError("jaxcc.testbed needs the commands " + ", ".join(missing) +
                        ": install iproute2 and util-linux")
@@ -120,7 +129,7 @@ def _run(*cmd: str, netns: str | None = None, enter: Sequence[str] = ()) -> str:
   if netns is not None:
     cmd = ("ip", "netns", "exec", netns, *cmd)
   cmd = (*enter, *cmd)
-  done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=_environ())
   if done.returncode:
     raise RuntimeError(f"testbed: `{' '.join(cmd)}` failed ({done.returncode}): "
                        f"{done.stderr.strip()}")
@@ -146,9 +155,10 @@ def cleanup_stale() -> list[str]:
     return []
   spaces, links = _names()
   for s in spaces:
-    subprocess.run(["ip", "netns", "delete", s], capture_output=True, check=False)
+    subprocess.run(["ip", "netns", "delete", s], capture_output=True, check=False, env=_environ())
   for link in links:
-    subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
+    subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False,
+                   env=_environ())
   return sorted(set(spaces + links))
 
 
@@ -278,7 +288,7 @@ class Cluster:
     """Start the process that holds the rootless user + network + mount namespace."""
     self._holder = subprocess.Popen(
         ["unshare", "--user", "--map-root-user", "--net", "--mount", "sh", "-c", _HOLD],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environ())
     if self._holder.stdout.readline().strip() != "ready":
       self._holder.wait(10)
       raise RuntimeError("testbed: the rootless namespace did not start: "
@@ -362,11 +372,12 @@ class Cluster:
       self._holder.wait()
       self._holder, self._enter = None, ()
     elif self.mode == "root":
+      env = _environ()
       for i in range(self.n):  # the veth first: a namespace's devices go asynchronously
-        subprocess.run(["ip", "link", "delete", self._veth(i)], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "delete", self.netns(i)], capture_output=True,
-                       check=False)
-      subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
+        for what, name in (("link", self._veth(i)), ("netns", self.netns(i))):
+          subprocess.run(["ip", what, "delete", name], capture_output=True, check=False, env=env)
+      subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False,
+                     env=env)
     if self._hosts is not None:
       shutil.rmtree(self._hosts, ignore_errors=True)
       self._hosts = None
