@@ -99,46 +99,34 @@ def split_send_bytes() -> int:
   return nbytes
 
 
+def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+  """The value of ``name``, one of ``choices``; the first when unset."""
+  value = _env(name)
+  if value is None:
+    return choices[0]
+  if value not in choices:
+    raise ValueError(f"{name}={value!r}: expected one of {choices} (unset: {choices[0]})")
+  return value
+
+
 INTRA_ENGINES = ("auto", "xla", "native")
+TESTBED_MODES = ("auto", "root", "rootless")
+TCP_INTEGRITY = ("off", "hmac")
 
 
 def intra_engine() -> str:
   """``JAXCC_INTRA_ENGINE``: "auto" (default), "xla" or "native"."""
-  value = _env("JAXCC_INTRA_ENGINE")
-  if value is None:
-    return "auto"
-  if value not in INTRA_ENGINES:
-    raise ValueError(f"JAXCC_INTRA_ENGINE={value!r}: expected one of {INTRA_ENGINES} (unset: "
-                     f"auto)")
-  return value
-
-
-TESTBED_MODES = ("auto", "root", "rootless")
+  return _env_choice("JAXCC_INTRA_ENGINE", INTRA_ENGINES)
 
 
 def testbed_mode() -> str:
   """``JAXCC_TESTBED_MODE``: "auto" (default), "root" or "rootless"."""
-  value = _env("JAXCC_TESTBED_MODE")
-  if value is None:
-    return "auto"
-  if value not in TESTBED_MODES:
-    raise ValueError(f"JAXCC_TESTBED_MODE={value!r}: expected one of {TESTBED_MODES} (unset: "
-                     f"auto)")
-  return value
-
-
-TCP_INTEGRITY = ("off", "hmac")
+  return _env_choice("JAXCC_TESTBED_MODE", TESTBED_MODES)
 
 
 def tcp_integrity() -> str:
   """``JAXCC_TCP_INTEGRITY``: "off" (default) or "hmac"."""
-  value = _env("JAXCC_TCP_INTEGRITY")
-  if value is None:
-    return "off"
-  if value not in TCP_INTEGRITY:
-    raise ValueError(f"JAXCC_TCP_INTEGRITY={value!r}: expected one of {TCP_INTEGRITY} (unset: "
-                     f"off)")
-  return value
+  return _env_choice("JAXCC_TCP_INTEGRITY", TCP_INTEGRITY)
 
 
 def native_dir() -> str | None:
