@@ -63,6 +63,11 @@ std::string Describe(const MsgKey& k) {
          " from rank " + std::to_string(k.src) + " to rank " + std::to_string(k.dst);
 }
 
+// The start of a refusal: "process Q sent a frame (<Describe>) whose ".
+std::string SentFrame(int q, const MsgKey& k) {
+  return "process " + std::to_string(q) + " sent a frame (" + Describe(k) + ") whose ";
+}
+
 // A frame's MAC covers its number on the connection, its header and its payload.
 void StartMac(HmacSha256& mac, uint64_t number, const WireHeader& h) {
   uint8_t n[8];
@@ -243,34 +248,33 @@ void Engine::SetPacing(int q, uint64_t rate) {
 
 std::string Engine::Fits(const Expected& e, int q, const MsgKey& k, uint32_t kind,
                          uint64_t total, uint64_t bound, bool later) const {
-  const std::string sent =
-      "process " + std::to_string(q) + " sent a frame (" + Describe(k) + ") whose ";
+  auto sent = [&] { return SentFrame(q, k); };  // built only for a refusal
   const int p = static_cast<int>(e.procs.size());
   if (k.src < 0 || k.src >= p) {
-    return sent + "src is not one of the call's " + std::to_string(p) + " ranks";
+    return sent() + "src is not one of the call's " + std::to_string(p) + " ranks";
   }
   if (e.procs[k.src] != q) {
-    return sent + "src is a rank of process " + std::to_string(e.procs[k.src]) +
+    return sent() + "src is a rank of process " + std::to_string(e.procs[k.src]) +
            ", not of the process that sent it";
   }
   auto piece = e.receives.bytes.find({k.step, k.src});
   if (piece == e.receives.bytes.end()) {
-    return sent + "step is not one at which the schedule sends rank " + std::to_string(k.dst) +
+    return sent() + "step is not one at which the schedule sends rank " + std::to_string(k.dst) +
            " a piece from rank " + std::to_string(k.src);
   }
   if (!later && e.received.count({k.step, k.src})) {
-    return sent + "step's piece came already";
+    return sent() + "step's piece came already";
   }
   if (kind == kPart && !e.receives.encoded) {
-    return sent + "kind is a part of a split piece, but the call's pieces are raw";
+    return sent() + "kind is a part of a split piece, but the call's pieces are raw";
   }
   const uint64_t limit = piece->second;
   if (!e.receives.encoded && kind == kData && total != limit) {
-    return sent + "length " + std::to_string(total) + " is not the piece's " +
+    return sent() + "length " + std::to_string(total) + " is not the piece's " +
            std::to_string(limit) + " bytes";
   }
   if (total > limit || bound > limit) {
-    return sent +
+    return sent() +
            (total > limit ? "length " + std::to_string(total) : "bound " + std::to_string(bound)) +
            " is more than the " + std::to_string(limit) + " bytes the piece's encoding may take";
   }
@@ -318,8 +322,7 @@ std::string Engine::Register(const ReceiverKey& receiver, Expected e) {
       freed.insert(s.from);
       const std::string mismatch = local ? Mismatch(mine, s.from, s.digest) : "";
       const std::string why =
-          !local ? "process " + std::to_string(s.from) + " sent a frame (" + Describe(k) +
-                       ") whose dst is not a rank of this process"
+          !local ? SentFrame(s.from, k) + "dst is not a rank of this process"
           : mismatch.empty() ? Fits(mine, s.from, k, staged == &partial ? kPart : kData,
                                     s.length, s.bound, false)
                              : "";
@@ -403,40 +406,41 @@ bool Engine::Admit(int q) {
   Conn& c = conns[q];
   const WireHeader& h = c.header;
   const MsgKey key = KeyOf(h);
-  const std::string sent = "process " + std::to_string(q) + " sent a frame whose ";
+  auto sent = [&] { return "process " + std::to_string(q) + " sent a frame whose "; };
   auto refuse = [&](const std::string& why) {
     Refuse(q, key, why);
     return false;
   };
   if (h.magic != kMagic) {
-    return refuse(sent + "magic " + std::to_string(h.magic) + " is not jaxcc's");
+    return refuse(sent() + "magic " + std::to_string(h.magic) + " is not jaxcc's");
   }
   if (h.kind != kData && h.kind != kAbort && h.kind != kPart) {
-    return refuse(sent + "kind " + std::to_string(h.kind) + " is none of data, part or abort");
+    return refuse(sent() + "kind " + std::to_string(h.kind) + " is none of data, part or abort");
   }
   c.drain = c.pending = false;
   c.offset = c.payload_got = c.trailer_got = 0;
   if (h.kind == kAbort) {
     if (h.length > kMaxAbortText) {
-      return refuse(sent + "length " + std::to_string(h.length) + " is more than an abort's " +
+      return refuse(sent() + "length " + std::to_string(h.length) + " is more than an abort's " +
                     std::to_string(kMaxAbortText) + " bytes");
     }
     c.incoming = Allocate(h.length);
   } else {
-    const std::string which = "process " + std::to_string(q) + " sent a frame (" +
-                              Describe(key) + ") whose ";
+    auto which = [&] { return SentFrame(q, key); };  // built only for a refusal
     if (h.length > kMaxMessage || h.bound > kMaxMessage) {
-      return refuse(which + (h.length > kMaxMessage ? "length " + std::to_string(h.length)
+      return refuse(which() + (h.length > kMaxMessage ? "length " + std::to_string(h.length)
                                                      : "bound " + std::to_string(h.bound)) +
                     " is more than 2^40 bytes");
     }
-    if (h.src < 0 || h.dst < 0) return refuse(which + (h.src < 0 ? "src" : "dst") + " is negative");
+    if (h.src < 0 || h.dst < 0) {
+      return refuse(which() + (h.src < 0 ? "src" : "dst") + " is negative");
+    }
     auto earlier = partial.find(key);
     const bool later = earlier != partial.end();
     if (later && earlier->second.from != q) {
-      return refuse(which + "src is a rank whose piece another process began");
+      return refuse(which() + "src is a rank whose piece another process began");
     }
-    if (!later && mailbox.count(key)) return refuse(which + "step's piece came already");
+    if (!later && mailbox.count(key)) return refuse(which() + "step's piece came already");
     const uint64_t before = later ? earlier->second.length : 0;
     auto receiver = expected.find(ReceiverOf(key));
     const std::string mismatch =
@@ -458,12 +462,12 @@ bool Engine::Admit(int q) {
           std::get<1>(sibling->first) == h.instance && std::get<2>(sibling->first) == h.group) {
         const std::vector<int>& procs = sibling->second.procs;
         if (h.dst >= static_cast<int>(procs.size()) || procs[h.dst] != process) {
-          return refuse(which + "dst is not a rank of this process");
+          return refuse(which() + "dst is not a rank of this process");
         }
       }
       auto next = instances.find({h.op_id, h.group, h.dst});
       if (next != instances.end() && h.instance < next->second) {
-        return refuse(which + "instance ended here already");
+        return refuse(which() + "instance ended here already");
       }
       c.pending = true;
     }
@@ -474,7 +478,7 @@ bool Engine::Admit(int q) {
       }
     } else if (later) {
       if (before + h.length > earlier->second.buffer.capacity) {
-        return refuse(which + "length " + std::to_string(h.length) + " takes the parts of the "
+        return refuse(which() + "length " + std::to_string(h.length) + " takes the parts of the "
                       "piece beyond the bound its first part gave");
       }
       c.pending = earlier->second.pending;
@@ -574,8 +578,7 @@ void Engine::Finish(int q) {
     Deliver(q);
   } else {
     Refuse(q, KeyOf(c.header),
-           "process " + std::to_string(q) + " sent a frame (" + Describe(KeyOf(c.header)) +
-               ") whose MAC does not verify under the connection's key");
+           SentFrame(q, KeyOf(c.header)) + "MAC does not verify under the connection's key");
   }
   Reset(c);
 }
