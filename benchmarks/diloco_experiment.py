@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from jaxcc import optim  # noqa: E402
-from jaxcc.bench import extras  # noqa: E402
+from jaxcc.bench import char_transformer, extras  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import diloco_train as ex  # noqa: E402
@@ -242,7 +242,8 @@ def main():
   result = {"command": "python benchmarks/diloco_experiment.py" + (
                 f" --steps {args.steps}" if args.steps != 300 else ""),
             "workers": n, "parameters": int(nparams), "sync_every": SYNC_EVERY,
-            "steps": args.steps, "batch_per_worker": ex.BATCH, "context": ex.CONTEXT,
+            "steps": args.steps, "batch_per_worker": char_transformer.BATCH,
+            "context": char_transformer.CONTEXT,
             "inner_step_seconds": step_seconds, "latency_s": LATENCY,
             "links_bytes_per_s": LINKS, "checks": checks,
             "headline_blocking_vs_diloco_100M_by_latency": sensitivity, "results": results,

@@ -1,12 +1,10 @@
 """Gossip DiLoCo training a character-level transformer on 8 workers with non-IID data.
 
-The text is the Python documentation that ships with CPython
-(``pydoc_data.topics``): its topics, sorted by name and concatenated, are cut
-into 8 contiguous shards, so each worker reads about different parts of the
-language (non-IID). The last 10% of every shard is held out; the evaluation
-set is those held-out parts of all shards. Each worker holds its own copy of a
-2-layer, 64-wide transformer inside ``jax.shard_map`` over 8 virtual CPU
-devices and trains it with
+The model and the text (``jaxcc.bench.char_transformer``): the Python
+documentation that ships with CPython cut into 8 contiguous shards (non-IID),
+10% of each held out. Each worker holds its own copy of a 2-layer, 64-wide
+transformer inside ``jax.shard_map`` over 8 virtual CPU devices and trains it
+with
 
     optax.chain(clip, adamw, jaxcc.optim.gossip_diloco(axis_name="x", sync_every=H, ...))
 
@@ -32,104 +30,13 @@ import optax
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from pydoc_data import topics
 
 import jaxcc
 from jaxcc._src.devices import use_virtual_cpu_devices
+from jaxcc.bench.char_transformer import (WORKERS, batches, inner_optimizer, init_params,
+                                          load_corpus, loss_fn)
 
 AXIS = "x"
-WORKERS = 8
-WIDTH, LAYERS, HEADS, CONTEXT = 64, 2, 4, 64
-BATCH = 8                 # sequences per worker per inner step
-LEARNING_RATE, WARMUP = 3e-3, 20
-HELD_OUT = 0.1            # the fraction of each shard kept for evaluation
-EVAL_WINDOWS = 512        # held-out windows of CONTEXT + 1 characters
-
-
-class Corpus(NamedTuple):
-  """The text, tokenised.
-
-  Attributes:
-    vocab: the characters, in token order.
-    shards: per worker, the int32 tokens of its training text.
-    eval_windows: ``(EVAL_WINDOWS, CONTEXT + 1)`` int32 held-out windows.
-  """
-  vocab: str
-  shards: list
-  eval_windows: np.ndarray
-
-
-def load_corpus(workers: int = WORKERS) -> Corpus:
-  text = "".join(topics.topics[name] for name in sorted(topics.topics))
-  vocab = "".join(sorted(set(text)))
-  tokens = np.frombuffer(text.encode("utf-32-le"), np.uint32)
-  tokens = np.searchsorted(np.frombuffer(vocab.encode("utf-32-le"), np.uint32), tokens)
-  shards, held = [], []
-  for part in np.array_split(tokens.astype(np.int32), workers):
-    cut = int(len(part) * (1 - HELD_OUT))
-    shards.append(part[:cut])
-    held.append(part[cut:])
-  held = np.concatenate(held)
-  starts = np.linspace(0, len(held) - CONTEXT - 1, EVAL_WINDOWS).astype(int)
-  return Corpus(vocab, shards, np.stack([held[s:s + CONTEXT + 1] for s in starts]))
-
-
-def batches(corpus: Corpus, steps: int, seed: int = 0) -> np.ndarray:
-  """``(steps, workers, BATCH, CONTEXT + 1)`` random windows, each worker from its own shard."""
-  rng = np.random.default_rng(seed)
-  out = np.empty((steps, len(corpus.shards), BATCH, CONTEXT + 1), np.int32)
-  for w, shard in enumerate(corpus.shards):
-    starts = rng.integers(0, len(shard) - CONTEXT - 1, size=(steps, BATCH))
-    out[:, w] = shard[starts[..., None] + np.arange(CONTEXT + 1)]
-  return out
-
-
-def init_params(vocab_size: int, seed: int = 0):
-  keys = iter(jax.random.split(jax.random.key(seed), 4 + 4 * LAYERS))
-  normal = lambda *shape: 0.02 * jax.random.normal(next(keys), shape)  # noqa: E731
-  blocks = [{"ln1": jnp.ones(WIDTH), "qkv": normal(WIDTH, 3 * WIDTH), "out": normal(WIDTH, WIDTH),
-             "ln2": jnp.ones(WIDTH), "up": normal(WIDTH, 4 * WIDTH), "up_b": jnp.zeros(4 * WIDTH),
-             "down": normal(4 * WIDTH, WIDTH), "down_b": jnp.zeros(WIDTH)}
-            for _ in range(LAYERS)]
-  return {"embed": normal(vocab_size, WIDTH), "pos": normal(CONTEXT, WIDTH), "blocks": blocks,
-          "ln_f": jnp.ones(WIDTH), "head": normal(WIDTH, vocab_size)}
-
-
-def _norm(x, gain):
-  x = x - x.mean(-1, keepdims=True)
-  return x * lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-5) * gain
-
-
-def logits_of(params, tokens):
-  """A pre-norm causal transformer: ``tokens (B, T)`` to next-character logits ``(B, T, V)``."""
-  t = tokens.shape[-1]
-  x = params["embed"][tokens] + params["pos"][:t]
-  causal = jnp.tril(jnp.ones((t, t), bool))
-  heads = lambda a: a.reshape(a.shape[:-1] + (HEADS, WIDTH // HEADS))  # noqa: E731
-  for b in params["blocks"]:
-    q, k, v = jnp.split(_norm(x, b["ln1"]) @ b["qkv"], 3, axis=-1)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", heads(q), heads(k)) / np.sqrt(WIDTH // HEADS)
-    weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
-    x = x + jnp.einsum("bhqk,bkhd->bqhd", weights, heads(v)).reshape(x.shape) @ b["out"]
-    x = x + jax.nn.gelu(_norm(x, b["ln2"]) @ b["up"] + b["up_b"]) @ b["down"] + b["down_b"]
-  return _norm(x, params["ln_f"]) @ params["head"]
-
-
-def loss_fn(params, windows):
-  """Mean next-character cross-entropy (nats) over ``windows (B, CONTEXT + 1)``."""
-  logits = logits_of(params, windows[:, :-1])
-  return optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]).mean()
-
-
-def inner_optimizer(steps: int) -> optax.GradientTransformation:
-  """AdamW as in DiLoCo (betas 0.9/0.95, weight decay 0.1, clipping 1.0), warmup then cosine.
-
-  The warmup is ``WARMUP`` steps, or half of ``steps`` when that is fewer.
-  """
-  schedule = optax.warmup_cosine_decay_schedule(0.0, LEARNING_RATE, min(WARMUP, steps // 2),
-                                                steps, LEARNING_RATE / 10)
-  return optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1))
 
 
 def mean_gradients() -> optax.GradientTransformation:

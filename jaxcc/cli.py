@@ -166,6 +166,27 @@ def _bench_probe(args) -> None:
     report.write_json(result, args.json)
 
 
+def _bench_diloco(args) -> None:
+  from jaxcc.bench import diloco
+  result = diloco.run(args.workers, args.rate, args.steps, args.sync_every,
+                      codecs=(None,) if args.no_entropy else (None, "entropy"),
+                      kill=args.kill, rejoin=args.rejoin, width=args.width, layers=args.layers)
+  result["command"] = "jaxcc " + " ".join(sys.argv[1:])
+  print(diloco.table(result))
+  if args.json:
+    report.write_json(result, args.json)
+  if args.plot:
+    diloco.plot(result, args.plot)
+
+
+def _parse_kill(text: str) -> tuple[int, int]:
+  rank, _, at = text.partition("@")
+  try:
+    return int(rank), int(at)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected RANK@ROUND, got {text!r}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="jaxcc", description="jaxcc: collective communication "
                                    "for JAX on real, imperfect networks.")
@@ -253,6 +274,32 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--plot", type=_plot_path, metavar="PATH",
                  help="write a PNG of busbw and lax / jaxcc")
   p.set_defaults(command=_bench_sweep)
+
+  p = benches.add_parser(
+      "diloco", help="gossip DiLoCo, DiLoCo and data parallelism by worker processes on the "
+      "testbed",
+      description="Train the char transformer of examples/diloco_train.py with --workers "
+                  "jax.distributed processes on the testbed at --rate, every exchange over "
+                  "jaxcc's TCP transport: per method (and with codec entropy) the averaged "
+                  "model's loss at equal steps and equal wall time, utilization, blocked "
+                  "time per round and bytes sent; --kill RANK@ROUND SIGKILLs a worker "
+                  "(not 0, the coordinator) in gossip and DiLoCo runs, --rejoin ROUND "
+                  "restarts it in gossip.")
+  p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+  p.add_argument("--rate", default="50mbit", help="link rate of every host (default 50mbit)")
+  p.add_argument("--steps", type=int, default=200, help="inner steps (default 200)")
+  p.add_argument("--sync-every", type=int, default=20, help="inner steps per round (default 20)")
+  p.add_argument("--kill", type=_parse_kill, metavar="RANK@ROUND",
+                 help="SIGKILL worker RANK halfway through round ROUND")
+  p.add_argument("--rejoin", type=int, metavar="ROUND",
+                 help="with --kill: restart it; it rejoins gossip two rounds after ROUND")
+  p.add_argument("--no-entropy", action="store_true", help="skip the codec=entropy runs")
+  p.add_argument("--width", type=int, help="model width (default 64)")
+  p.add_argument("--layers", type=int, help="model layers (default 2)")
+  p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+  p.add_argument("--plot", type=_plot_path, metavar="PATH",
+                 help="write a PNG of loss against steps and wall time")
+  p.set_defaults(command=_bench_diloco)
 
   p = benches.add_parser(
       "probe", help="jaxcc.probe_topology on the testbed against the configured network",

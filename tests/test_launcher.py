@@ -42,7 +42,7 @@ def test_a_job_joins_over_gloo_and_returns_each_process_output(tmp_path):
                               timeout_s=120)
   results = [p.json() for p in processes]
   assert [p.rank for p in processes] == [0, 1, 2]
-  assert [r["me"][1:] for r in results] == [[3, 0], [3, 1], [3, 2]]
+  assert [r["me"][1:] for r in results] == [[3, 0, 0], [3, 1, 0], [3, 2, 0]]
   assert all(r["me"][0].startswith("127.0.0.1:") for r in results)
   assert all(r["devices"] == [6, 2] and r["sum"] == 15.0 for r in results), results
 

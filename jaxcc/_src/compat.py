@@ -179,9 +179,19 @@ def coordinator_address() -> str | None:
   return _distributed.global_state.coordinator_address
 
 
-def kv_set(key: str, value: str) -> None:
+def kv_set(key: str, value: str, overwrite: bool = False) -> None:
   """Put ``key`` in the jax.distributed key-value store (shared by the job's processes)."""
-  _distributed.global_state.client.key_value_set(key, value)
+  _distributed.global_state.client.key_value_set(key, value, allow_overwrite=overwrite)
+
+
+def kv_try_get(key: str) -> str | None:
+  """``key``'s value in the jax.distributed key-value store, None if no process set it."""
+  try:
+    return _distributed.global_state.client.key_value_try_get(key)
+  except jax.errors.JaxRuntimeError as e:
+    if "NOT_FOUND" not in str(e):
+      raise
+    return None
 
 
 def kv_get(key: str, timeout_s: float) -> str:

@@ -45,9 +45,14 @@ _op_ids = itertools.count(1)
 # The codec ids of xla_ffi/include/jaxcc/codec.h; 0: raw pieces.
 CODEC_IDS = {None: 0, **reference.CODEC_IDS}
 # XLA_FFI_DataType of the floats the CPU handler takes as bits.
-_FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
+FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
 _NONE = np.zeros((0,), np.int64)  # no process map / no pacing
 _NONE.setflags(write=False)
+
+
+def next_op_id() -> int:
+  """A new op id: call sites of native calls are numbered in lowering order, from 1."""
+  return next(_op_ids)
 
 
 def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
@@ -75,7 +80,7 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
   pacing = pacing_rates(schedule, topology) if len(procs) and topology is not None else _NONE
   # 16-bit floats go in and out as their bits (jaxcc._src.bits); the handler's `dtype` names them.
   bits = as_bits(buf)
-  dtype_id = _FFI_FLOAT_TYPES[np.dtype(buf.dtype)] if bits.dtype != buf.dtype else 0
+  dtype_id = FFI_FLOAT_TYPES[np.dtype(buf.dtype)] if bits.dtype != buf.dtype else 0
   out = _collective_call(bits, schedule, axis_name, group_axes,
                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing,
                          codec=np.int64(CODEC_IDS[codec]), dtype=np.int64(dtype_id),
@@ -115,16 +120,16 @@ def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
   group = jnp.int32(0)
   for name, size in group_axes:
     group = group * size + lax.axis_index(name).astype(jnp.int32)
-  attrs = {k: _ArrayAttr(v) if isinstance(v, np.ndarray) and v.ndim else v
+  attrs = {k: ArrayAttr(v) if isinstance(v, np.ndarray) and v.ndim else v
            for k, v in attrs.items()}
   return collective_p.bind(
-      buf, rank, group, table=_ArrayAttr(schedule.serialized),
+      buf, rank, group, table=ArrayAttr(schedule.serialized),
       num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
-      op_id=np.int64(next(_op_ids)), digest=np.int64(int(schedule.digest[:15], 16)),
+      op_id=np.int64(next_op_id()), digest=np.int64(int(schedule.digest[:15], 16)),
       name=schedule.collective, timeout_ms=np.int64(config.timeout_ms()), **attrs)
 
 
-class _ArrayAttr:
+class ArrayAttr:
   """An array attribute of the FFI call; hashable (by identity), as primitive params must be."""
 
   __slots__ = ("array",)
@@ -143,7 +148,7 @@ _lower_ffi = compat.ordered_ffi_lowering("jaxcc_collective", operand_output_alia
 
 
 def _lower_collective(ctx, *args, **attrs):
-  return _lower_ffi(ctx, *args, **{k: v.array if isinstance(v, _ArrayAttr) else v
+  return _lower_ffi(ctx, *args, **{k: v.array if isinstance(v, ArrayAttr) else v
                                    for k, v in attrs.items()})
 
 

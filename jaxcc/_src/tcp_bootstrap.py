@@ -21,15 +21,20 @@ processes (every process does so in an SPMD program), ``ensure_started``:
 3. hands the sockets and their keys to the C++ progress thread
    (``_jaxcc_cpu.tcp_start``), which checks every frame against the schedule
    and, with integrity on, its MAC under the key;
-4. keeps the listener open: a process whose connection was lost (or that
-   restarted with the same id) connects again (``reconnect``), passes the
-   same handshake, and its new connection replaces the old one
-   (``_jaxcc_cpu.tcp_rejoin``).
+4. keeps the listener open: a process whose connection was lost connects
+   again (``reconnect``), passes the same handshake, and its new connection
+   replaces the old one (``_jaxcc_cpu.tcp_rejoin``). A process restarted with
+   the same id (its address is in the store already) publishes its new
+   address and connects to every other process the same way, accepting none.
 
-Socket policy (research/testbed.md): 4 MiB send and receive buffers (set on
-the listener too, so the window scale covers them), ``TCP_NODELAY`` and
-``cubic`` congestion control per socket (skipped where the kernel lacks or
-forbids it). Pacing is set per call by the C++ transport from the topology.
+Socket policy: 4 MiB send and receive buffers (set on the listener too, so
+the window scale covers them), ``TCP_NODELAY`` and ``cubic`` congestion
+control per socket (skipped where the kernel lacks or forbids it), and
+keepalive: a peer whose host vanished without closing its connection is
+found lost within ``KEEPALIVE_BOUND_S`` (20 s: probes after 10 s idle, 5
+every 2 s) when the connection is idle, and within ``TCP_USER_TIMEOUT`` (30
+s) when data sent to it stays unacknowledged. A killed process' kernel closes
+its connections: the others find it lost at once. Pacing is set per call by the C++ transport from the topology.
 Every wait ends within ``JAXCC_TIMEOUT_S`` (default 300 s) with an error that
 names the missing process.
 """
@@ -63,6 +68,9 @@ _CHALLENGE_BYTES = 8 + 4 + _NONCE  # magic, the accepting process' id, its nonce
 _HELLO_BYTES = 8 + 8 + _NONCE + 32  # magic, (from, to), the connector's nonce, HMAC-SHA256
 _ACK_BYTES = 8 + 8 + 32  # magic, (from, to), HMAC-SHA256
 _BUFFER_BYTES = 4 << 20
+_KEEPALIVE = (10, 2, 5)  # idle seconds, seconds between probes, probes
+KEEPALIVE_BOUND_S = _KEEPALIVE[0] + _KEEPALIVE[1] * _KEEPALIVE[2]
+_USER_TIMEOUT_MS = 30_000
 _lock = threading.Lock()
 
 
@@ -83,6 +91,12 @@ def tune(sock: socket.socket) -> None:
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER_BYTES)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES)
   sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+  idle, interval, count = _KEEPALIVE
+  sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+  sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+  sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+  sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _USER_TIMEOUT_MS)
   try:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"cubic")
   except OSError as e:  # not built into this kernel, or not allowed for this user
@@ -255,8 +269,9 @@ def _start() -> None:
     tune(listener)
     listener.bind((host, 0))
     listener.listen(n)
-    compat.kv_set(f"{_KEY}/addr/{me}", f"[{host}]:{listener.getsockname()[1]}")
-    if me == 0:
+    restarted = compat.kv_try_get(f"{_KEY}/addr/{me}") is not None
+    compat.kv_set(f"{_KEY}/addr/{me}", f"[{host}]:{listener.getsockname()[1]}", overwrite=True)
+    if me == 0 and not restarted:
       compat.kv_set(f"{_KEY}/secret", secrets.token_hex(32))
       compat.kv_set(f"{_KEY}/integrity", integrity)
     secret = bytes.fromhex(_kv_get(f"{_KEY}/secret", 0, deadline))
@@ -266,10 +281,12 @@ def _start() -> None:
                        f"{job_integrity!r} on process 0; every process must set the same")
     # Connect up, then accept: the highest process accepts first, so every
     # challenge a connector waits for comes from a process that is accepting.
-    for q in range(me + 1, n):  # a listener exists once its address is out
+    # A restarted process connects to all: the others' listeners are open.
+    for q in (set(range(n)) - {me} if restarted else range(me + 1, n)):
       peers[q] = connect(q, _kv_get(f"{_KEY}/addr/{q}", q, deadline), secret, me, family,
                          deadline)
-    peers.update(accept_peers(listener, secret, me, set(range(me)), deadline))
+    if not restarted:
+      peers.update(accept_peers(listener, secret, me, set(range(me)), deadline))
     fds, keys = [-1] * n, [b""] * n
     for q, (sock, key) in peers.items():
       fds[q], keys[q] = sock.detach(), key

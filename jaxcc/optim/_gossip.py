@@ -11,7 +11,8 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from jaxcc.optim._diloco import check_outer, move_to, on_worker, outer_step
-from jaxcc.optim._graphs import check_graph
+from jaxcc._src import compat
+from jaxcc.optim._graphs import check_graph, phases
 from jaxcc.optim._mixing import Mixer
 
 
@@ -24,14 +25,24 @@ class GossipDiLoCoState(NamedTuple):
       ``(k + 1) % sync_every == 0``.
     anchor: this worker's outer parameters theta_i (a tree like the params).
     momentum: this worker's outer Nesterov buffer (a tree like the params).
-    mix_buffer: ``(sync_every, ceil(N / sync_every))`` array in the raveled
-      params' dtype: row h holds the sum of the neighbours' fragment h of
-      their anchors that arrived in this round (N = number of parameters).
+    mix_buffer: ``(F, ceil(N / F))`` array in the raveled params' dtype, F =
+      ``max(sync_every - 1, 1)`` fragments: row f holds the sum of the
+      neighbours' fragment f of their anchors that arrived in this round (N =
+      number of parameters).
+    got: int32 ``(k,)``, per peer slot of the round, its fragments that arrived.
+    live: bool ``(n,)``, the workers this one exchanges with: a peer whose
+      connection is lost leaves it; a restarted worker comes back when the
+      training loop sets it again (``(0,)`` if ``init`` ran outside shard_map:
+      every worker, always).
+    handle: int32, the native exchange of the fragment in flight (-1: none).
   """
   count: jax.Array
   anchor: optax.Params
   momentum: optax.Params
   mix_buffer: jax.Array
+  got: jax.Array
+  live: jax.Array
+  handle: jax.Array
 
 
 def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exponential",
@@ -47,12 +58,14 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
 
   1. *Overlapped mix (non-blocking).* The anchor theta_i^t is known when the
      round starts and does not change during it, so it is sent while the
-     inner steps compute: raveled, padded and cut into H fragments; inner
-     step h sends fragment h to the round's peers and stores what arrived in
-     ``mix_buffer``. The mixed anchor ``sum_j W1_ij theta_j^t`` is therefore of
-     this round's anchors, complete at the sync step: overlap without
-     staleness (unlike eager updates, which apply last round's
-     pseudo-gradients).
+     inner steps compute: raveled, padded and cut into F = max(H - 1, 1)
+     fragments; inner step f starts sending fragment f to the round's peers
+     and inner step f + 1 stores what arrived in ``mix_buffer`` (across
+     processes the fragment travels while step f + 1 computes; with H = 1
+     both happen in the one step). The mixed anchor ``sum_j W1_ij theta_j^t``
+     is therefore of this round's anchors, complete at the sync step:
+     overlap without staleness (unlike eager updates, which apply last
+     round's pseudo-gradients).
   2. *Blocking mix at the sync step.* The pseudo-gradient
      ``delta_i = theta_i - x_i`` is mixed ``blocking_rounds`` times,
      ``delta <- W2 delta``.
@@ -71,12 +84,16 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
   consecutive hops. With "complete" and ``blocking_rounds >= 1`` this is
   DiLoCo exactly (the anchors stay equal).
 
-  Failures (seeded, deterministic, identical on every worker): each message
-  of a mixing round is lost with probability ``drop_rate`` (for "complete", a
-  worker's contribution to the all-reduce); ``failed_worker`` stops sending
-  and receiving from round ``fail_round`` on. Receivers renormalise their
-  weights over what arrived; a lost message of the overlapped mix loses all
-  its fragments.
+  Failures. Simulated (seeded, deterministic, identical on every worker):
+  each message of a mixing round is lost with probability ``drop_rate`` (for
+  "complete", a worker's contribution to the all-reduce); ``failed_worker``
+  stops sending and receiving from round ``fail_round`` on. Real, across
+  processes: a worker whose TCP connection is lost (killed, or its host
+  gone: the transport's keepalive finds it) is a lost message from then on
+  and leaves ``live``; the others train on. Receivers renormalise their
+  weights over what arrived; a peer that missed a fragment of the overlapped
+  mix counts as lost for the round's whole anchor. "complete" all-reduces
+  and cannot go on without a member: a lost worker fails it, naming it.
 
   Communication per worker per round (N bytes of parameters, p peers):
   ``p N`` overlapped bytes as H messages of ``N/H`` per peer, and
@@ -124,40 +141,91 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
 
   def init_fn(params):
     flat, _ = ravel_pytree(params)
-    width = -(-flat.size // sync_every)
+    frags = max(sync_every - 1, 1)
+    width = -(-flat.size // frags)
+    n = _bound_size(axis_name)
+    k = len(phases(graph, n)[0]) if n else 0
     return GossipDiLoCoState(jnp.zeros([], jnp.int32), params, optax.tree.zeros_like(params),
-                             jnp.zeros_like(flat, shape=(sync_every, width)))
+                             jnp.zeros_like(flat, shape=(frags, width)),
+                             jnp.zeros_like(flat, jnp.int32, shape=(k,)),
+                             jnp.ones_like(flat, bool, shape=(n,)),
+                             jnp.full_like(flat, -1, jnp.int32, shape=()))
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
-    updates, params, anchor, momentum, buffer = on_worker(
-        api, axis_name, updates, params, state.anchor, state.momentum, state.mix_buffer)
+    updates, params, anchor, momentum, buffer, got, live, handle = on_worker(
+        api, axis_name, updates, params, state.anchor, state.momentum, state.mix_buffer,
+        state.got, state.live, state.handle)
     mixer = Mixer(api, axis_name, graph, drop_rate=drop_rate, failed_worker=failed_worker,
                   fail_round=fail_round, seed=seed, codec=codec, algorithm=algorithm,
                   topology=topology)
+    tracked = live.shape == (mixer.n,) and got.shape == (mixer.slots,)
+    if not tracked:
+      if mixer.native:
+        raise ValueError(f"{api}: across processes, call init inside shard_map (it sizes the "
+                         "state that tracks which workers are live)")
+      live, got = jnp.ones(mixer.n, bool), jnp.zeros(mixer.slots, jnp.int32)
     x_new = optax.apply_updates(params, updates)
     t, h = state.count // sync_every, state.count % sync_every
     phase = t % mixer.num_phases
+    frags = buffer.shape[0]
 
-    # The overlapped mix: fragment h of this round's anchor.
+    # The overlapped mix: fragment f of this round's anchor, started at step f.
     flat_anchor, unravel = ravel_pytree(anchor)
     fragments = jnp.pad(flat_anchor, (0, buffer.size - flat_anchor.size)).reshape(buffer.shape)
-    arrived = mixer.arrived(t, 0, phase)
-    received = mixer.receive(lax.dynamic_index_in_dim(fragments, h, keepdims=False), arrived,
-                             phase)
-    buffer = lax.dynamic_update_index_in_dim(buffer, received, h, 0)
+    fragment = lambda f: lax.dynamic_index_in_dim(fragments, f, keepdims=False)  # noqa: E731
+    if mixer.native:
+      got = jnp.where(h == 0, 0, got)
 
-    def sync():
+      def finish(f, handle, buffer, got, live):
+        received, arrived, lost = mixer.done(handle, buffer[0])
+        return (lax.dynamic_update_index_in_dim(buffer, received, f, 0),
+                got + arrived.astype(jnp.int32), live & ~lost)
+
+      def begin(f):
+        return mixer.start(fragment(f), t, 0, phase, live)[0]
+
+      if frags < sync_every:  # the fragment of the last step arrives in this one
+        buffer, got, live = lax.cond(
+            h >= 1, lambda: finish(h - 1, handle, buffer, got, live),
+            lambda: (buffer, got, live))
+        handle = lax.cond(h < frags, lambda: begin(h), lambda: jnp.full_like(handle, -1))
+      else:  # H = 1: started and finished in the one step
+        buffer, got, live = finish(0, begin(0), buffer, got, live)
+    else:
+      def twin(buffer):
+        received = mixer.receive(fragment(h), mixer.arrived(t, 0, phase), phase)
+        return lax.dynamic_update_index_in_dim(buffer, received, h, 0)
+
+      buffer = lax.cond(h < frags, twin, lambda b: b, buffer)
+
+    def sync(live):
+      # Within one process every fragment of a round arrives or none does.
+      arrived = got == frags if mixer.native else mixer.arrived(t, 0, phase)
       mixed_anchor = mixer.combine(flat_anchor, buffer.reshape(-1)[:flat_anchor.size], arrived)
       delta, _ = ravel_pytree(optax.tree.sub(anchor, x_new))
       for r in range(blocking_rounds):
-        delta = mixer.mix(delta, t, 1 + r, (t + r + 1 - blocking_rounds) % mixer.num_phases)
+        delta, lost = mixer.mix(delta, t, 1 + r, (t + r + 1 - blocking_rounds) % mixer.num_phases,
+                                live)
+        live = live & ~lost
       new_anchor, new_momentum = outer_step(unravel(mixed_anchor), momentum, unravel(delta),
                                             outer_learning_rate, outer_momentum, nesterov)
-      return move_to(new_anchor, params, updates), new_anchor, new_momentum
+      return move_to(new_anchor, params, updates), new_anchor, new_momentum, live
 
-    updates, anchor, momentum = lax.cond(h == sync_every - 1, sync,
-                                         lambda: (updates, anchor, momentum))
-    return updates, GossipDiLoCoState(state.count + 1, anchor, momentum, buffer)
+    updates, anchor, momentum, live = lax.cond(h == sync_every - 1, sync,
+                                               lambda live: (updates, anchor, momentum, live),
+                                               live)
+    if not tracked:
+      live, got = state.live, state.got
+    return updates, GossipDiLoCoState(state.count + 1, anchor, momentum, buffer, got, live,
+                                      handle)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _bound_size(axis_name: str) -> int:
+  """The size of ``axis_name`` where it is bound (inside shard_map), else 0."""
+  try:
+    return compat.axis_size(axis_name, "jaxcc.optim.gossip_diloco")
+  except NameError:
+    return 0

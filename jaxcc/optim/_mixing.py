@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcc._src import compat
+from jaxcc._src import compat, gossip_exchange
 from jaxcc.collectives import all_reduce, ppermute
 from jaxcc.optim._graphs import phases
 
@@ -21,6 +21,13 @@ class Mixer:
   The failed worker, from round ``fail_round`` on, neither sends nor receives.
   Each receiver divides by the weight of what arrived (its own vector always
   arrives), so its weights still sum to one.
+
+  Across processes (``native``: the job has more than one process and the
+  graph is not "complete") a message travels by the native gossip exchange
+  (``gossip_exchange``), which may finish in a later program than it starts.
+  A peer whose connection is lost, or that is not ``live`` in this worker's
+  view, is a lost message. Within one process ``lax.ppermute`` (jaxcc's)
+  carries it: the pure-JAX twin, equal bit for bit.
   """
 
   def __init__(self, api: str, axis_name: str, graph: str, *, drop_rate: float,
@@ -35,6 +42,12 @@ class Mixer:
     self.seed, self.algorithm, self.topology = seed, algorithm, topology
     self.phases = phases(graph, self.n)
     self.me = lax.axis_index(axis_name)
+    self.native = graph != "complete" and jax.process_count() > 1
+
+  @property
+  def slots(self) -> int:
+    """Messages a worker receives (and sends) per mixing round."""
+    return len(self.phases[0])
 
   @property
   def num_phases(self) -> int:
@@ -48,14 +61,38 @@ class Mixer:
       worker); otherwise a bool ``(k,)`` over the shifts of ``phase``.
     """
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), t), op)
-    ranks = jnp.arange(self.n)
-    alive = (ranks != (-1 if self.failed_worker is None else self.failed_worker)) | (
-        t < self.fail_round)
+    alive = self._alive(t)
     if self.graph == "complete":
       return (jax.random.uniform(key, (self.n,)) >= self.drop_rate) & alive & alive[self.me]
     shifts = jnp.asarray(self.phases, jnp.int32)[phase]
     ok = jax.random.uniform(key, (len(self.phases[0]), self.n)) >= self.drop_rate
     return ok[:, self.me] & alive[self.me] & alive[(self.me - shifts) % self.n]
+
+  def peers(self, t: jax.Array, op: int, phase: jax.Array, live: jax.Array):
+    """The ranks this worker sends to and receives from in round (t, op): int32 ``(k,)``, -1 none.
+
+    A message is left out when it is dropped (``arrived`` on its receiver's
+    side), or its sender or receiver failed or is not ``live`` (bool ``(n,)``).
+    """
+    shifts = jnp.asarray(self.phases, jnp.int32)[phase]
+    dst, src = (self.me + shifts) % self.n, (self.me - shifts) % self.n
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), t), op)
+    ok = jax.random.uniform(key, (len(self.phases[0]), self.n)) >= self.drop_rate
+    alive = self._alive(t)
+    sends = ok[jnp.arange(len(self.phases[0])), dst] & alive[self.me] & alive[dst] & live[dst]
+    receives = self.arrived(t, op, phase) & live[src]
+    return jnp.where(sends, dst, -1), jnp.where(receives, src, -1)
+
+  def start(self, x: jax.Array, t: jax.Array, op: int, phase: jax.Array, live: jax.Array):
+    """Starts the native exchange of flat ``x`` in round (t, op): (handle, recv_from)."""
+    send_to, recv_from = self.peers(t, op, phase, live)
+    return gossip_exchange.start(x, send_to, recv_from, self.axis_name, self.codec), recv_from
+
+  def done(self, handle: jax.Array, like: jax.Array):
+    """The native exchange ``handle``: (sum of what arrived, arrived (k,), lost (n,))."""
+    got, status, lost = gossip_exchange.done(handle, like, self.slots, self.n)
+    arrived = status == gossip_exchange.ARRIVED
+    return jnp.sum(jnp.where(arrived[:, None], got, 0), axis=0), arrived, lost > 0
 
   def receive(self, x: jax.Array, arrived: jax.Array, phase: jax.Array) -> jax.Array:
     """The sum of the neighbours' ``x`` that arrived (for "complete", of all arrived, own included).
@@ -81,10 +118,19 @@ class Mixer:
       return (jnp.where(own, x, 0) + jnp.where(others > 0, received, 0)) / (own + others)
     return (x + received) / (1 + others)
 
-  def mix(self, x: jax.Array, t: jax.Array, op: int, phase: jax.Array) -> jax.Array:
-    """One blocking mixing round of ``x``."""
+  def mix(self, x: jax.Array, t: jax.Array, op: int, phase: jax.Array, live: jax.Array):
+    """One blocking mixing round of ``x``: (mixed x, the peers found lost, bool ``(n,)``)."""
+    if self.native:
+      handle, _ = self.start(x, t, op, phase, live)
+      received, arrived, lost = self.done(handle, x)
+      return self.combine(x, received, arrived), lost
     arrived = self.arrived(t, op, phase)
-    return self.combine(x, self.receive(x, arrived, phase), arrived)
+    return self.combine(x, self.receive(x, arrived, phase), arrived), jnp.zeros(self.n, bool)
+
+  def _alive(self, t: jax.Array) -> jax.Array:
+    ranks = jnp.arange(self.n)
+    return (ranks != (-1 if self.failed_worker is None else self.failed_worker)) | (
+        t < self.fail_round)
 
   def _shift_all(self, x, shifts):
     n = self.n

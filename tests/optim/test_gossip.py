@@ -67,7 +67,7 @@ def effective_matrices(graph, rounds, **failures):
     eye = lax.pcast(jnp.eye(N), AXIS, to="varying")[m.me]
 
     def one(_, t):
-      return None, m.mix(eye, t, 0, t % m.num_phases)
+      return None, m.mix(eye, t, 0, t % m.num_phases, jnp.ones(N, bool))[0]
 
     return lax.scan(one, None, jnp.arange(rounds))[1]
 
@@ -135,5 +135,9 @@ def test_state_layout():
   tx = optim.gossip_diloco(AXIS, 4)
   params = {"a": jnp.ones((3, 3)), "b": jnp.ones(2, jnp.bfloat16)}
   state = tx.init(params)
-  assert state.mix_buffer.shape == (4, 3) and state.mix_buffer.dtype == jnp.float32
+  # 3 fragments of the 11 parameters; outside shard_map no live tracking.
+  assert state.mix_buffer.shape == (3, 4) and state.mix_buffer.dtype == jnp.float32
+  assert state.live.shape == (0,) and state.got.shape == (0,) and int(state.handle) == -1
+  inside = on_workers(lambda p, t: tx.init(p))
+  assert inside.live.shape == (N, N) and inside.got.shape == (N, 1)
   assert optim.outer_params((optax.adam(0.1).init(params), state)) is params

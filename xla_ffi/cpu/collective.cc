@@ -135,6 +135,7 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
         }
       }
     }
+    const auto started = std::chrono::steady_clock::now();
     std::unique_ptr<TcpTransport> transport;
     err = TcpTransport::Create(op_id, group, static_cast<int>(nranks), rank,
                                procs.begin() + group * nranks,
@@ -143,6 +144,7 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
     err = RunOn(err, transport.get(), [&](TcpTransport& t) {
       return RunDataflow(plan, length, t, kernels, codec.get(), buf, itemsize, timeout);
     });
+    TcpAddBlocked(std::chrono::steady_clock::now() - started);
   }
   if (!err.empty()) {
     return ffi::Error::Internal(what + ", rank " + std::to_string(rank) + ": " + err);

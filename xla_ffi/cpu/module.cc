@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -29,6 +30,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecEncodeEntropy);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeEntropy);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCollective);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccLocalCollective);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccExchangeStart);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccExchangeDone);
 
 namespace {
 
@@ -41,6 +44,8 @@ constexpr jaxcc::Target kTargets[] = {
     {"jaxcc_codec_decode_entropy", JaxccCodecDecodeEntropy},
     {"jaxcc_collective", JaxccCollective},
     {"jaxcc_local_collective", JaxccLocalCollective},
+    {"jaxcc_exchange_start", JaxccExchangeStart},
+    {"jaxcc_exchange_done", JaxccExchangeDone},
 };
 
 }  // namespace
@@ -74,6 +79,44 @@ NB_MODULE(_jaxcc_cpu, m) {
         "This process' index in the TCP transport; -1 before tcp_start.");
   m.def("tcp_lost", &jaxcc::TcpLost, nb::arg("process"),
         "Why the connection to `process` is lost; empty while it is up.");
+  m.def("tcp_lost_at", &jaxcc::TcpLostAt, nb::arg("process"),
+        "When the connection to `process` was found lost (Unix seconds); 0 while it is up.");
+  m.def("tcp_instances", &jaxcc::TcpInstances,
+        "The next instance of every (op id, group, rank) run here, as (op, group, rank, next).");
+  m.def(
+      "tcp_set_instances",
+      [](const jaxcc::TcpInstanceCounts& counts) {
+        const std::string err = jaxcc::TcpSetInstances(counts);
+        if (!err.empty()) throw std::invalid_argument("jaxcc: " + err);
+      },
+      nb::arg("counts"), "Sets instance counts that tcp_instances gave (a restarted process).");
+  m.def(
+      "tcp_send_bytes",
+      [](int process, int64_t tag, nb::bytes data) {
+        const std::string err =
+            jaxcc::TcpSendBytes(process, tag, std::string(data.c_str(), data.size()));
+        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+      },
+      nb::arg("process"), nb::arg("tag"), nb::arg("data"),
+      "Queues `data` for `process` as the host message `tag` (returns at once).");
+  m.def(
+      "tcp_recv_bytes",
+      [](int process, int64_t tag, uint64_t max_bytes, double timeout_s) {
+        std::string out, err;
+        {
+          nb::gil_scoped_release release;
+          err = jaxcc::TcpRecvBytes(
+              process, tag, max_bytes,
+              std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)), &out);
+        }
+        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+        return nb::bytes(out.data(), out.size());
+      },
+      nb::arg("process"), nb::arg("tag"), nb::arg("max_bytes"), nb::arg("timeout_s"),
+      "Waits for `process`'s host message `tag` (at most max_bytes) and returns it.");
+  m.def("tcp_blocked_ns", &jaxcc::TcpBlockedNs,
+        "Nanoseconds this process' calls spent blocked on the network (Tcp collectives and "
+        "gossip exchange waits).");
   // The Tcp transport's piece layouts (piece_codec.h), for tests.
   auto piece_codec = [](int codec, int dtype, uint64_t split_bytes) {
     namespace c = jaxcc::codec;

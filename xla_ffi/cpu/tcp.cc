@@ -3,6 +3,7 @@
 #include "tcp.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <memory>
@@ -247,5 +248,117 @@ std::string TcpTransport::Stray(int rank) {
   const int q = procs_[rank];
   return q == e_->process ? "" : e_->Stray(q);
 }
+
+namespace {
+
+std::atomic<uint64_t> g_blocked_ns{0};
+
+// The engine and q, or why q is no other process of it.
+std::string OtherProcess(int q, tcp::Engine** e) {
+  *e = tcp::Started();
+  if (!*e) return "the TCP transport is not started in this process";
+  if (q < 0 || q == (*e)->process || static_cast<size_t>(q) >= (*e)->conns.size()) {
+    return "process " + std::to_string(q) + " is not another of the " +
+           std::to_string((*e)->conns.size()) + " processes";
+  }
+  return "";
+}
+
+}  // namespace
+
+double TcpLostAt(int q) {
+  tcp::Engine* e;
+  if (!OtherProcess(q, &e).empty()) return 0;
+  std::lock_guard<std::mutex> lock(e->mu);
+  return e->conns[q].lost_at;
+}
+
+TcpInstanceCounts TcpInstances() {
+  TcpInstanceCounts out;
+  tcp::Engine* e = tcp::Started();
+  if (!e) return out;
+  std::lock_guard<std::mutex> lock(e->mu);
+  for (const auto& [key, next] : e->instances) {
+    out.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), next);
+  }
+  return out;
+}
+
+std::string TcpSetInstances(const TcpInstanceCounts& counts) {
+  tcp::Engine* e = tcp::Started();
+  if (!e) return "the TCP transport is not started in this process";
+  std::lock_guard<std::mutex> lock(e->mu);
+  for (const auto& [op_id, group, rank, next] : counts) {
+    if (op_id <= 0 || next < 0) {
+      return "instance count " + std::to_string(next) + " of op " + std::to_string(op_id) +
+             " is not one a call site has";
+    }
+    e->instances[{op_id, group, rank}] = next;
+  }
+  return "";
+}
+
+std::string TcpSendBytes(int q, int64_t tag, const std::string& data) {
+  tcp::Engine* e;
+  std::string err = OtherProcess(q, &e);
+  if (!err.empty()) return err;
+  std::lock_guard<std::mutex> lock(e->mu);
+  Conn& c = e->conns[q];
+  if (!c.error.empty()) return "cannot send to process " + std::to_string(q) + ": " + c.error;
+  auto item = std::make_unique<SendItem>();
+  item->header = {kMagic, kData, tcp::kHostOp, tag, 0, 0, e->process, q, 0, data.size(), 0};
+  item->owned.reset(new char[std::max<size_t>(data.size(), 1)]);
+  std::memcpy(item->owned.get(), data.data(), data.size());
+  item->payload = item->owned.get();
+  c.queue.push_back(std::move(item));
+  e->Wake();
+  return "";
+}
+
+std::string TcpRecvBytes(int q, int64_t tag, uint64_t max_bytes,
+                         std::chrono::milliseconds timeout, std::string* out) {
+  tcp::Engine* e;
+  std::string err = OtherProcess(q, &e);
+  if (!err.empty()) return err;
+  const int nproc = static_cast<int>(e->conns.size());
+  std::vector<int> procs(nproc);
+  for (int r = 0; r < nproc; ++r) procs[r] = r;  // host messages name processes as ranks
+  TcpReceives receives;
+  receives.encoded = true;  // any length up to max_bytes
+  receives.bytes[{0, q}] = max_bytes;
+  const tcp::ReceiverKey me{tcp::kHostOp, tag, 0, e->process};
+  const MsgKey key{tcp::kHostOp, tag, 0, e->process, 0, q};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_lock<std::mutex> lock(e->mu);
+  err = e->Register(me, tcp::Expected{procs, 0, std::move(receives), {}, {}});
+  const std::string from = "process " + std::to_string(q) + "'s message " + std::to_string(tag);
+  while (err.empty()) {
+    auto it = e->mailbox.find(key);
+    if (it != e->mailbox.end()) {
+      out->assign(it->second.buffer.data.get(), it->second.length);
+      e->Release(std::move(it->second.buffer));
+      e->mailbox.erase(it);
+      break;
+    }
+    const tcp::Expected& expected = e->expected[me];
+    if (!expected.refused.empty()) {
+      err = expected.refused;
+    } else if (!e->conns[q].error.empty()) {
+      err = "no " + from + ": " + e->conns[q].error;
+    } else if (e->cv.wait_until(lock, deadline) == std::cv_status::timeout &&
+               !e->mailbox.count(key)) {
+      err = "timed out after " + std::to_string(timeout.count()) + " ms waiting for " + from;
+    }
+  }
+  e->expected.erase(me);
+  e->arrivals.erase(me);
+  return err;
+}
+
+void TcpAddBlocked(std::chrono::steady_clock::duration d) {
+  g_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+uint64_t TcpBlockedNs() { return g_blocked_ns.load(); }
 
 }  // namespace jaxcc

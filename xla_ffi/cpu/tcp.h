@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,30 @@ std::string TcpRejoin(int q, int fd, const std::string& key);
 int TcpProcess();
 // Why the connection to process q is lost; empty while it is up (or q is this one).
 std::string TcpLost(int q);
+// When the connection to process q was found lost (seconds since the Unix
+// epoch), 0 while it is up.
+double TcpLostAt(int q);
+
+// The next instance of each (op id, group, rank) this process has run
+// (TcpTransport::Create counts them): a process that restarts takes its
+// peers' counts (TcpSetInstances) so that its calls meet theirs.
+using TcpInstanceCounts = std::vector<std::tuple<int64_t, int64_t, int, int64_t>>;
+TcpInstanceCounts TcpInstances();
+std::string TcpSetInstances(const TcpInstanceCounts& counts);
+
+// Host messages: `data` from this process to process q under `tag`, outside
+// any collective (op id kHostOp, instance `tag`), with the same frame checks
+// and MAC as a collective's pieces. TcpRecvBytes waits up to `timeout` for
+// q's message under `tag` (at most `max_bytes`); it fails naming q if q's
+// connection is lost or the time runs out.
+std::string TcpSendBytes(int q, int64_t tag, const std::string& data);
+std::string TcpRecvBytes(int q, int64_t tag, uint64_t max_bytes,
+                         std::chrono::milliseconds timeout, std::string* out);
+
+// Time this process' calls spent blocked on the network: whole Tcp
+// collectives, and the waits of exchange dones (exchange.cc).
+void TcpAddBlocked(std::chrono::steady_clock::duration d);
+uint64_t TcpBlockedNs();
 
 // What a rank may be sent in one call: the wire bytes of the piece of each
 // (step, src) its schedule receives; with `encoded`, at most that many (the

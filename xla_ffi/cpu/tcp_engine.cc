@@ -131,6 +131,8 @@ void Engine::Lose(int q, const std::string& why) {
   Conn& c = conns[q];
   if (!c.error.empty()) return;
   c.error = "the connection to process " + std::to_string(q) + " was lost (" + why + ")";
+  c.lost_at = std::chrono::duration<double>(
+                  std::chrono::system_clock::now().time_since_epoch()).count();
   // The progress thread closes the socket and drops its queue (CloseLost).
   if (c.fd >= 0) shutdown(c.fd, SHUT_RDWR);
   Purge(q);
@@ -183,6 +185,7 @@ void Engine::ApplyRejoins() {
     if (c.fd >= 0) close(c.fd);
     c.fd = n.fd;
     c.error.clear();
+    c.lost_at = 0;
     c.queue.clear();
     c.pacing = kUnpaced;
     Purge(n.q);

@@ -44,6 +44,7 @@ constexpr uint64_t kUnpaced = ~uint64_t{0};
 constexpr uint64_t kMacBytes = 32;      // with integrity: HMAC-SHA256 after each frame
 constexpr uint64_t kMaxAbortText = 1 << 16;
 constexpr uint64_t kPendingBytes = uint64_t{1} << 30;
+constexpr int64_t kHostOp = -1;  // the op id of host messages (TcpSendBytes); call sites are > 0
 
 struct WireHeader {
   uint32_t magic;
@@ -113,6 +114,7 @@ struct Conn {
   std::deque<std::unique_ptr<SendItem>> queue;
   bool writing = false;  // the progress thread is in a send of the queue's head
   std::string error;     // why the connection was lost; empty while it is up
+  double lost_at = 0;    // when it was found lost, seconds since the Unix epoch
   uint64_t pacing = kUnpaced;
   uint64_t pending_bytes = 0;  // staged from it for calls not started here
   bool parked = false;         // not read until pending frames are taken

@@ -1,0 +1,236 @@
+"""``jaxcc bench diloco``: DiLoCo, gossip DiLoCo and data parallelism trained by worker processes
+on the testbed, every exchange over jaxcc's TCP transport.
+
+Each method runs as ``--workers`` ``jax.distributed`` processes, one per host
+of a ``jaxcc.testbed.Cluster`` at ``--rate`` (``jaxcc.bench.diloco_worker``).
+Measured on each worker's clock: compute time (step wall time less the time
+its calls were blocked on the network), blocked time per round, utilization
+(compute over the training's wall time) and bytes sent (the kernel's counters
+of its host's link). The averaged model of every round is evaluated here on
+the held-out text. ``local`` (no communication at all) is the compute-only
+twin of each step: gossip's inner step over it is the overlap. With
+``--kill RANK@ROUND`` gossip (blocking_rounds=1) and DiLoCo run again with
+that worker SIGKILLed halfway through the round (``--rejoin ROUND``: gossip
+restarts it, it rejoins at a later round). Process 0 hosts the job's
+coordination service and may not be the one killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+METHODS = ("local", "data_parallel", "diloco", "gossip_b0", "gossip_b1")
+_WORKER = os.path.join(os.path.dirname(__file__), "diloco_worker.py")
+
+
+def run_method(cluster, cfg: dict, respawn=()) -> dict:
+  """Run one method on ``cluster`` (entered): the workers' records and the bytes each host sent."""
+  from jaxcc.launcher import launch
+  out = tempfile.mkdtemp(prefix="jaxcc-diloco-")
+  cfg = dict(cfg, out=out)
+  before = [cluster.bytes(i)[0] for i in range(cluster.n)] if cluster else None
+  started = time.time()
+  procs = launch(_WORKER, [json.dumps(cfg)], cluster=cluster, nproc=None if cluster else
+                 cfg["workers"], respawn=respawn, timeout_s=cfg.get("job_timeout_s", 1800),
+                 env={"JAXCC_TIMEOUT_S": str(cfg.get("timeout_s", 60))})
+  records = [p.json() for p in procs]
+  sent = [cluster.bytes(i)[0] - before[i] for i in range(cluster.n)] if cluster else None
+  killed = None
+  if os.path.exists(os.path.join(out, "killed.json")):
+    with open(os.path.join(out, "killed.json")) as f:
+      killed = json.load(f)
+  return {"records": records, "bytes_sent": sent, "dir": out, "killed": killed,
+          "started": started}
+
+
+def evaluate(run: dict, cfg: dict) -> dict:
+  """The averaged model's held-out loss after every round, and the metrics of ``run``."""
+  import jax
+  from jax.flatten_util import ravel_pytree
+
+  from jaxcc.bench import char_transformer as ct
+  n, every = cfg["workers"], cfg["sync_every"]
+  corpus = ct.load_corpus(n)
+  params0 = ct.init_params(len(corpus.vocab), 0, cfg.get("width", ct.WIDTH),
+                           cfg.get("layers", ct.LAYERS))
+  _, unravel = ravel_pytree(params0)
+  loss_of = jax.jit(lambda flat: ct.loss_fn(unravel(flat), corpus.eval_windows))
+  rounds = cfg["steps"] // every
+  start = min(r["start_time"] for r in run["records"] if "start_time" in r and not r["incarnation"])
+  ends = {}
+  for r in run["records"]:
+    for t, at in r.get("round_end", {}).items():
+      ends.setdefault(int(t), []).append(at)
+  curve = []
+  for t in range(rounds):
+    files = [os.path.join(run["dir"], f"w{q}_r{t}.npy") for q in range(n)]
+    files = [f for f in files if os.path.exists(f)]
+    if not files:
+      break
+    mean = np.mean([np.load(f) for f in files], axis=0)
+    curve.append({"round": t, "step": (t + 1) * every, "time": max(ends[t]) - start,
+                  "workers": len(files), "loss": float(loss_of(mean))})
+  records = [r for r in run["records"] if r.get("wall")]
+  wall = [np.asarray(r["wall"][1:]) for r in records]  # step 0 compiles
+  blocked = [np.asarray(r["blocked"][1:]) for r in records]
+  compute = [float(np.sum(w - b)) for w, b in zip(wall, blocked)]
+  span = [r["end_time"] - r["start_time"] for r in records]
+  done_rounds = [len(r.get("round_end", {})) for r in records]
+  out = {"rounds": len(curve), "final_loss": curve[-1]["loss"] if curve else float("nan"),
+         "curve": curve,
+         "utilization": float(np.mean([c / s for c, s in zip(compute, span)])),
+         "blocking_s_per_round": float(np.mean([b.sum() / max(k, 1)
+                                                for b, k in zip(blocked, done_rounds)])),
+         "step_s": float(np.mean([np.median(w - 0) for w in wall])),
+         "compute_s": float(np.mean(compute)), "wall_s": float(np.mean(span)),
+         "bytes_sent": int(sum(run["bytes_sent"])) if run["bytes_sent"] else None}
+  failed = [r["failed"] for r in run["records"] if r.get("failed")]
+  if failed:
+    out["failed"] = failed[0]["error"]
+    out["failed_after_s"] = (failed[0]["time"] - run["killed"]["time"]) if run["killed"] \
+        else None
+  if run["killed"]:
+    victim, at = run["killed"]["rank"], run["killed"]["time"]
+    seen = [r["lost"][str(victim)]["lost_at"] - at for r in run["records"]
+            if r["rank"] != victim and str(victim) in r.get("lost", {})]
+    out["killed"] = run["killed"]
+    out["detection_s"] = max(seen) if seen else None
+    out["survivors_finished"] = all(
+        len(r.get("round_end", {})) == rounds for r in run["records"] if r["rank"] != victim)
+    back = [r for r in run["records"] if r["rank"] == victim and r.get("incarnation")]
+    if back and back[0].get("rejoined_at_round") is not None:
+      out["rejoined_at_round"] = back[0]["rejoined_at_round"]
+      out["rejoin_gap"] = _rejoin_gap(run, cfg, victim, back[0]["rejoined_at_round"], loss_of)
+  return out
+
+
+def _rejoin_gap(run, cfg, victim, joined, loss_of) -> list:
+  """Per round from the rejoin: the rejoined worker's loss over the others' mean loss, less 1."""
+  gaps = []
+  for t in range(joined, cfg["steps"] // cfg["sync_every"]):
+    mine = os.path.join(run["dir"], f"w{victim}_r{t}.npy")
+    others = [os.path.join(run["dir"], f"w{q}_r{t}.npy") for q in range(cfg["workers"])
+              if q != victim]
+    if not os.path.exists(mine):
+      break
+    ref = np.mean([float(loss_of(np.load(f))) for f in others if os.path.exists(f)])
+    gaps.append(float(loss_of(np.load(mine))) / ref - 1)
+  return gaps
+
+
+def loss_at(curve: list, time_s: float) -> float:
+  """The averaged model's loss at ``time_s``: of the last round that ended by then."""
+  done = [c["loss"] for c in curve if c["time"] <= time_s]
+  return done[-1] if done else float("nan")
+
+
+def run(workers: int = 4, rate: str = "50mbit", steps: int = 200, sync_every: int = 20,
+        codecs=(None, "entropy"), methods=METHODS, kill: tuple[int, int] | None = None,
+        rejoin: int | None = None, width: int | None = None, layers: int | None = None,
+        timeout_s: float = 60) -> dict:
+  """Every method (and codec) on a testbed of ``workers`` hosts at ``rate``; see the module."""
+  from jaxcc.testbed import Cluster
+  if kill is not None and kill[0] == 0:
+    raise ValueError("jaxcc bench diloco: process 0 hosts the coordination service and may not "
+                     "be killed; pick another rank")
+  base = {"workers": workers, "steps": steps, "sync_every": sync_every, "timeout_s": timeout_s}
+  base.update({k: v for k, v in (("width", width), ("layers", layers)) if v is not None})
+  rows, runs = [], []
+  with Cluster(workers, rate) as cluster:
+    plan = [(m, c, None) for c in codecs for m in methods if c is None or m != "local"]
+    if kill is not None:
+      plan += [("gossip_b1", None, kill), ("diloco", None, kill)]
+    for method, codec, k in plan:
+      cfg = dict(base, method=method, codec=codec)
+      respawn = ()
+      if k is not None:
+        cfg.update(kill=list(k), rejoin=rejoin if method.startswith("gossip") else None)
+        if cfg["rejoin"] is None:
+          cfg["wait_for"] = [q for q in range(1, workers) if q != k[0]]
+        respawn = {k[0]}
+      result = run_method(cluster, cfg, respawn)
+      row = {"method": method + ("+" + codec if codec else "") + ("+kill" if k else ""),
+             **evaluate(result, cfg)}
+      rows.append(row)
+      runs.append(result)
+  clean = {r["method"]: r for r in rows}
+  for r in rows:
+    if r["method"].endswith("+kill") and r["method"][:-5] in clean:
+      r["loss_vs_clean"] = r["final_loss"] / clean[r["method"][:-5]]["final_loss"] - 1
+  end = min((r["curve"][-1]["time"] for r in rows if r["curve"] and "kill" not in r["method"]
+             and r["method"] != "local"), default=0)
+  for r in rows:
+    r["loss_at_equal_time"] = loss_at(r["curve"], end)
+  return {"command": None, "workers": workers, "rate": rate, "steps": steps,
+          "sync_every": sync_every, "equal_time_s": end, "rows": rows}
+
+
+def table(result: dict) -> str:
+  """The benchmark's table, with the ratios the issue asks for."""
+  rows = {r["method"]: r for r in result["rows"]}
+  lines = [f"{result['workers']} workers at {result['rate']}, {result['steps']} inner steps, "
+           f"H = {result['sync_every']}; loss at equal time: at {result['equal_time_s']:.1f} s",
+           f"{'method':22s} {'loss':>7s} {'loss@t':>7s} {'util':>6s} {'block/rnd':>10s} "
+           f"{'step ms':>8s} {'MB sent':>8s}"]
+  for name, r in rows.items():
+    sent = f"{r['bytes_sent'] / 1e6:8.2f}" if r["bytes_sent"] is not None else f"{'-':>8s}"
+    lines.append(f"{name:22s} {r['final_loss']:7.4f} {r['loss_at_equal_time']:7.4f} "
+                 f"{r['utilization']:6.3f} {r['blocking_s_per_round'] * 1e3:8.1f}ms "
+                 f"{r['step_s'] * 1e3:8.2f} {sent}")
+  for suffix in ("", "+entropy"):
+    d = rows.get("diloco" + suffix)
+    if not d:
+      continue
+    for g in ("gossip_b1", "gossip_b0"):
+      if g + suffix in rows:
+        r = rows[g + suffix]
+        lines.append(f"{g + suffix}: blocking {r['blocking_s_per_round'] / d['blocking_s_per_round']:.3f}"
+                     f" of diloco{suffix}'s, loss {r['final_loss'] / d['final_loss'] - 1:+.2%} at "
+                     f"equal steps, {r['loss_at_equal_time'] - d['loss_at_equal_time']:+.4f} at "
+                     "equal time")
+  if "local" in rows and "gossip_b0" in rows:
+    lines.append(f"overlap: gossip_b0's inner step {rows['gossip_b0']['step_s'] / rows['local']['step_s']:.3f}x"
+                 " local's (no communication)")
+  for name, r in rows.items():
+    if "killed" in r:
+      lines.append(f"{name}: killed rank {r['killed']['rank']} at step {r['killed']['step']}; "
+                   f"detected in {r['detection_s'] * 1e3:.1f} ms" if r.get("detection_s")
+                   is not None else f"{name}: killed rank {r['killed']['rank']}")
+      if r.get("failed"):
+        lines.append(f"  failed after {r['failed_after_s']:.2f} s: {r['failed']}")
+      else:
+        lines.append(f"  survivors finished every round: {r['survivors_finished']}; loss vs the "
+                     f"run without a failure {r.get('loss_vs_clean', float('nan')):+.2%}")
+      if "rejoin_gap" in r:
+        lines.append(f"  rejoined at round {r['rejoined_at_round']}; its loss over the others' "
+                     "per round: " + ", ".join(f"{g:+.2%}" for g in r["rejoin_gap"][:4]))
+  return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+  """Loss of the averaged model against steps and against wall time, per method."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  for r in result["rows"]:
+    if not r["curve"] or r["method"] == "local":
+      continue
+    axes[0].plot([c["step"] for c in r["curve"]], [c["loss"] for c in r["curve"]],
+                 label=r["method"])
+    axes[1].plot([c["time"] for c in r["curve"]], [c["loss"] for c in r["curve"]],
+                 label=r["method"])
+  for ax, x in zip(axes, ("inner steps", "wall time (s)")):
+    ax.set_xlabel(x)
+    ax.set_ylabel("held-out loss of the averaged model")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=7)
+  fig.suptitle(f"{result['workers']} workers at {result['rate']} (jaxcc.testbed, TCP)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

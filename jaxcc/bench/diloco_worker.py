@@ -1,0 +1,199 @@
+"""One worker process of ``jaxcc bench diloco`` (started by ``jaxcc.launcher``; one CPU device).
+
+Trains the char transformer on its own shard with one method, every exchange
+over jaxcc's TCP transport, and prints one JSON line: per inner step its wall
+time and the time its calls were blocked on the network
+(``tcp_blocked_ns``), per round the time it ended, and what it saw of a
+killed peer. Each round's outer parameters go to ``<out>/w<rank>_r<round>.npy``
+for the driver to average and evaluate.
+
+A killed worker (``kill``: rank and round; it SIGKILLs itself halfway through
+the round) is restarted by the launcher. With ``rejoin`` (a round) the restart
+connects to the others, asks to come back, and process 0 (which never dies)
+names the round it rejoins at, two rounds on (waiting at round ``rejoin`` for it to
+be ready); at that round every survivor
+marks it live again and process 0 sends it, over the transport, its
+parameters, optimizer state and instance counts. Without ``rejoin`` the
+restart exits at once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_enable_recoverability", True)  # a dead task fails no survivor
+
+from jaxcc import launcher  # noqa: E402
+
+_KV = "jaxcc/bench/diloco"
+
+
+def main():
+  cfg = json.loads(sys.argv[1])
+  job = launcher.job()
+  if job.incarnation and cfg.get("rejoin") is None:
+    print(json.dumps({"rank": job.process_id, "restarted": False}))
+    return
+  launcher.join()
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  from jax.flatten_util import ravel_pytree
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import jaxcc
+  from jaxcc._src import compat, ffi, tcp_bootstrap
+  from jaxcc.bench import char_transformer as ct
+
+  axis, n, me = "x", job.num_processes, job.process_id
+  cpu = ffi.load().cpu
+  steps, every, codec = cfg["steps"], cfg["sync_every"], cfg.get("codec")
+  method = cfg["method"]
+  corpus = ct.load_corpus(n)
+  data = ct.batches(corpus, steps, cfg.get("seed", 0), cfg.get("batch", ct.BATCH))[:, me]
+  params0 = ct.init_params(len(corpus.vocab), 0, cfg.get("width", ct.WIDTH),
+                           cfg.get("layers", ct.LAYERS))
+  inner = ct.inner_optimizer(steps)
+  if method == "data_parallel":
+    mean = optax.GradientTransformation(
+        lambda p: optax.EmptyState(),
+        lambda u, s, p=None: (jaxcc.all_reduce(u, axis, op="mean", codec=codec), s))
+    tx = optax.chain(mean, inner)
+  elif method == "diloco":
+    tx = optax.chain(inner, jaxcc.optim.diloco(axis, every, codec=codec))
+  elif method == "local":
+    tx = inner
+  else:
+    tx = optax.chain(inner, jaxcc.optim.gossip_diloco(
+        axis, every, graph=cfg.get("graph", "one_peer_exponential"),
+        blocking_rounds=int(method[-1]), codec=codec))
+
+  mesh = jax.make_mesh((n,), (axis,), devices=jax.devices())
+  sharding = NamedSharding(mesh, P(axis))
+  device = jax.local_devices()[0]
+
+  def to_global(tree):
+    return jax.tree.map(lambda a: jax.make_array_from_single_device_arrays(
+        (n,) + np.shape(a), sharding, [jax.device_put(np.asarray(a)[None], device)]), tree)
+
+  def to_local(tree):
+    return jax.tree.map(lambda a: np.asarray(a.addressable_shards[0].data)[0], tree)
+
+  def on_workers(body):
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+
+  def step_body(params, state, windows):
+    params, state, windows = jax.tree.map(lambda a: a[0], (params, state, windows))
+    loss, grads = jax.value_and_grad(ct.loss_fn)(params, windows)
+    updates, state = tx.update(grads, state, params)
+    return jax.tree.map(lambda a: a[None], (optax.apply_updates(params, updates), state, loss))
+
+  init = on_workers(lambda p: jax.tree.map(lambda a: a[None], tx.init(
+      jax.tree.map(lambda a: a[0], p))))
+  step = on_workers(step_body)
+  params = to_global(params0)
+  state = init(params)
+  gossip = method.startswith("gossip")
+
+  def outer(params, state):
+    return jaxcc.optim.outer_params(state) if method in ("diloco",) or gossip else params
+
+  def set_live(state, rank):
+    def fix(s):
+      if isinstance(s, jaxcc.optim.GossipDiLoCoState):
+        live = to_local(s.live).copy()
+        live[rank] = True
+        return s._replace(live=to_global(live))
+      return s
+    return jax.tree.map(fix, state,
+                        is_leaf=lambda s: isinstance(s, jaxcc.optim.GossipDiLoCoState))
+
+  kill = cfg.get("kill")  # [rank, round]
+  rejoin = cfg.get("rejoin")
+  victim = kill[0] if kill else None
+  first = 0
+  record = {"rank": me, "method": method, "incarnation": job.incarnation, "wall": [],
+            "blocked": [], "loss": [], "round_end": {}, "lost": {}, "failed": None}
+  if job.incarnation:  # the restarted victim: rejoin (process 0 is the source)
+    tcp_bootstrap.ensure_started()
+    compat.kv_set(f"{_KV}/ready/{me}", str(time.time()), overwrite=True)
+    t_join = int(compat.kv_get(f"{_KV}/round/{me}", cfg.get("timeout_s", 300)))
+    blob = cpu.tcp_recv_bytes(0, t_join, 1 << 30, cfg.get("timeout_s", 300))
+    got = np.load(io.BytesIO(blob), allow_pickle=False)
+    leaves, treedef = jax.tree.flatten((params, state))
+    params, state = jax.tree.unflatten(treedef, [to_global(got[f"a{i}"])
+                                                 for i in range(len(leaves))])
+    cpu.tcp_set_instances([(int(o), int(g), me, int(c)) for o, g, r, c in got["instances"]
+                           if r == 0])
+    first = t_join * every
+    record["rejoined_at_round"] = t_join
+    record["rejoined_time"] = time.time()
+  t_join = None
+  start_time = time.time()
+  record["start_time"] = start_time
+  for i in range(first, steps):
+    r, h = divmod(i, every)
+    if kill and me == victim and job.incarnation == 0 and i == kill[1] * every + every // 2:
+      with open(os.path.join(cfg["out"], "killed.json"), "w") as f:
+        json.dump({"rank": me, "time": time.time(), "step": i}, f)
+      os.kill(os.getpid(), signal.SIGKILL)
+    if h == 0 and gossip and rejoin is not None and kill and me != victim:
+      if me == 0 and t_join is None and r >= rejoin:
+        # The peers wait on process 0's fragments meanwhile: no one passes the rejoin round.
+        compat.kv_get(f"{_KV}/ready/{victim}", cfg.get("timeout_s", 300))
+        t_join = r + 2
+        compat.kv_set(f"{_KV}/round/{victim}", str(t_join), overwrite=True)
+      if t_join is None:
+        seen = compat.kv_try_get(f"{_KV}/round/{victim}")
+        t_join = int(seen) if seen is not None else None
+        if t_join is not None and t_join < r:
+          raise RuntimeError(f"process {me} is at round {r}, past the rejoin round {t_join}")
+      if t_join == r:
+        state = set_live(state, victim)
+        if me == 0:
+          leaves = jax.tree.leaves((params, state))
+          buf = io.BytesIO()
+          np.savez(buf, instances=np.asarray(cpu.tcp_instances(), np.int64).reshape(-1, 4),
+                   **{f"a{j}": to_local(a) for j, a in enumerate(leaves)})
+          cpu.tcp_send_bytes(victim, t_join, buf.getvalue())
+    windows = to_global(data[i])
+    t0, b0 = time.perf_counter(), cpu.tcp_blocked_ns()
+    try:
+      params, state, loss = step(params, state, windows)
+      loss = float(to_local(loss))
+    except jax.errors.JaxRuntimeError as e:
+      record["failed"] = {"step": i, "time": time.time(), "error": str(e).splitlines()[0][:600]}
+      jaxcc.recover()
+      break
+    record["wall"].append(time.perf_counter() - t0)
+    record["blocked"].append((cpu.tcp_blocked_ns() - b0) * 1e-9)
+    record["loss"].append(loss)
+    for q in range(n):
+      at = cpu.tcp_lost_at(q) if q != me else 0.0
+      if at and str(q) not in record["lost"]:
+        record["lost"][str(q)] = {"lost_at": at, "seen_at": time.time(), "step": i,
+                                  "why": cpu.tcp_lost(q)}
+    if h == every - 1:
+      flat, _ = ravel_pytree(to_local(outer(params, state)))
+      np.save(os.path.join(cfg["out"], f"w{me}_r{r}.npy"), np.asarray(flat, np.float32))
+      record["round_end"][str(r)] = time.time()
+  record["end_time"] = time.time()
+  compat.kv_set(f"{_KV}/done/{me}", "1", overwrite=True)
+  if me == 0:  # the coordinator exits last: the others' processes end with its service
+    for q in cfg.get("wait_for", range(1, n)):
+      compat.kv_get(f"{_KV}/done/{q}", cfg.get("timeout_s", 300))
+  print(json.dumps(record), flush=True)
+  # No shutdown: its RPCs and the wait for a failed call's token would fail on a lost peer.
+  os._exit(0)
+
+
+if __name__ == "__main__":
+  main()

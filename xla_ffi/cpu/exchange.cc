@@ -1,0 +1,257 @@
+// jaxcc_exchange_start / jaxcc_exchange_done on the CPU: a gossip exchange
+// over the Tcp transport that outlives the program that starts it, and that a
+// lost peer does not fail.
+//
+// start (operands: the program-order token, this rank's flat x, send_to and
+// recv_from (int32, k slots each: a rank, or -1 for none), the rank (int32
+// scalar)) registers what the rank receives, posts a copy of x (encoded with
+// `codec`) to each send_to[j] as the piece of step j, and returns a handle
+// (int32 scalar) at once: the pieces travel on the progress thread while the
+// process computes. done (operands: the token, the handle) waits for the
+// piece of step j from each recv_from[j] and returns them as rows
+// (k x n, x's type), with a status per slot (1: arrived, 0: none expected,
+// -1: the peer's connection is lost, so its piece will not come) and, per
+// rank, 1 if its process' connection is lost. Its wait is counted as blocked
+// time (TcpBlockedNs). A piece that does not come within `timeout_ms` while
+// its peer's connection is up fails the call with a message naming the peer.
+//
+// Bytes per call: x.nbytes (encoded: its encoded size) to each send_to slot;
+// one step. Sender and receiver must use the same slot j for a pair (gossip
+// graphs number a phase's shifts); `digest` (from x's length, type and codec)
+// makes a mismatch an error rather than a wrong answer.
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "jaxcc/codec_ffi.h"
+#include "piece_codec.h"
+#include "tcp.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxcc {
+namespace {
+
+struct InFlight {
+  std::unique_ptr<TcpTransport> transport;
+  std::unique_ptr<HostPieceCodec> codec;
+  std::vector<int> recv_from;
+  int64_t op_id;
+  std::chrono::milliseconds timeout;
+};
+
+std::mutex g_mu;
+int32_t g_next_handle = 0;
+std::map<int32_t, InFlight> g_in_flight;
+
+std::string CheckSlots(ffi::Span<const int32_t> slots, const char* name, int64_t nranks,
+                       int rank) {
+  for (size_t j = 0; j < slots.size(); ++j) {
+    const int32_t r = slots[j];
+    if (r < -1 || r >= nranks || r == rank) {
+      return std::string(name) + "[" + std::to_string(j) + "] = " + std::to_string(r) +
+             " is neither -1 nor another of the " + std::to_string(nranks) + " ranks";
+    }
+  }
+  return "";
+}
+
+ffi::Error StartImpl(ffi::Token, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
+                     ffi::Buffer<ffi::S32> recv_from, ffi::Buffer<ffi::S32> rank_buf,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::Buffer<ffi::S32>> handle,
+                     int64_t nranks, int64_t op_id, int64_t digest,
+                     ffi::Span<const int64_t> procs, int64_t codec_id, int64_t dtype_id,
+                     int64_t timeout_ms) {
+  const std::string what = "jaxcc gossip exchange (op " + std::to_string(op_id) + ")";
+  const int rank = rank_buf.typed_data()[0];
+  const size_t n = x.element_count();
+  const size_t itemsize = ffi::ByteWidth(x.element_type());
+  const ffi::Span<const int32_t> sends(send_to.typed_data(), send_to.element_count());
+  const ffi::Span<const int32_t> recvs(recv_from.typed_data(), recv_from.element_count());
+  std::string err;
+  if (procs.size() != static_cast<size_t>(nranks) || rank < 0 || rank >= nranks) {
+    err = "rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " with a process " +
+          "map of " + std::to_string(procs.size()) + " entries";
+  }
+  if (err.empty()) err = CheckSlots(sends, "send_to", nranks, rank);
+  if (err.empty()) err = CheckSlots(recvs, "recv_from", nranks, rank);
+  if (err.empty() && timeout_ms <= 0) err = "timeout_ms must be > 0";
+  InFlight flight{nullptr, nullptr, std::vector<int>(recvs.begin(), recvs.end()), op_id,
+                  std::chrono::milliseconds(timeout_ms)};
+  if (err.empty() && codec_id != 0) {
+    const ffi::DataType dtype =
+        dtype_id ? static_cast<ffi::DataType>(dtype_id) : x.element_type();
+    codec::DTypeId d;
+    ffi::Error bad = codec::CheckDType(what, dtype, &d);
+    if (!bad.success()) return bad;
+    if (codec_id != codec::kFixed && codec_id != codec::kEntropy) {
+      err = "unknown codec id " + std::to_string(codec_id);
+    } else {
+      flight.codec.reset(new HostPieceCodec(static_cast<codec::CodecId>(codec_id), d, 0));
+    }
+  }
+  if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
+
+  TcpReceives receives;
+  receives.encoded = flight.codec != nullptr;
+  for (size_t j = 0; j < recvs.size(); ++j) {
+    if (recvs[j] >= 0) {
+      receives.bytes[{static_cast<int64_t>(j), recvs[j]}] =
+          flight.codec ? flight.codec->MaxWireBytes(n) : n * itemsize;
+    }
+  }
+  err = TcpTransport::Create(op_id, 0, static_cast<int>(nranks), rank, procs.begin(), nullptr,
+                             digest, std::move(receives), &flight.transport);
+  const char* data = static_cast<const char*>(x.untyped_data());
+  for (size_t j = 0; err.empty() && j < sends.size(); ++j) {
+    const int peer = sends[j];
+    if (peer < 0) continue;
+    if (!flight.transport->Lost(peer).empty()) continue;  // its piece would not arrive
+    uint64_t bytes = n * itemsize;
+    std::unique_ptr<char[]> copy;
+    if (flight.codec) {
+      copy.reset(new char[flight.codec->MaxBytes(n)]);
+      err = flight.codec->Encode(data, n, copy.get(), &bytes);
+      if (!err.empty()) break;
+    } else {
+      copy.reset(new char[bytes > 0 ? bytes : 1]);
+      std::memcpy(copy.get(), data, bytes);
+    }
+    const char* payload = copy.get();
+    // A connection lost meanwhile refuses the piece: the peer is lost, not the call.
+    flight.transport->Post(static_cast<int64_t>(j), peer, payload, bytes, std::move(copy));
+  }
+  if (!err.empty()) {
+    if (flight.transport) flight.transport->Fail(err);
+    return ffi::Error::Internal(what + ", rank " + std::to_string(rank) + ": " + err);
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  const int32_t h = g_next_handle++ & 0x7fffffff;
+  g_in_flight.emplace(h, std::move(flight));
+  handle->typed_data()[0] = h;
+  return ffi::Error::Success();
+}
+
+ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle_buf, ffi::Result<ffi::Token>,
+                    ffi::Result<ffi::AnyBuffer> received,
+                    ffi::Result<ffi::Buffer<ffi::S32>> status,
+                    ffi::Result<ffi::Buffer<ffi::S32>> lost) {
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t h = handle_buf.typed_data()[0];
+  InFlight flight;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_in_flight.find(h);
+    if (it == g_in_flight.end()) {
+      return ffi::Error::InvalidArgument("jaxcc gossip exchange: no exchange in flight has "
+                                         "handle " + std::to_string(h));
+    }
+    flight = std::move(it->second);
+    g_in_flight.erase(it);
+  }
+  const std::string what = "jaxcc gossip exchange (op " + std::to_string(flight.op_id) + ")";
+  TcpTransport& t = *flight.transport;
+  const size_t k = flight.recv_from.size();
+  const size_t row_bytes = k ? received->size_bytes() / k : 0;
+  const size_t itemsize = ffi::ByteWidth(received->element_type());
+  char* out = static_cast<char*>(received->untyped_data());
+  int32_t* st = status->typed_data();
+  std::memset(out, 0, received->size_bytes());
+  size_t waiting = 0;
+  for (size_t j = 0; j < k; ++j) {
+    st[j] = flight.recv_from[j] >= 0 ? 2 : 0;  // 2: not yet arrived
+    waiting += st[j] == 2;
+  }
+  std::string err;
+  const auto deadline = start + flight.timeout;
+  std::vector<Arrival> arrived;
+  std::vector<int64_t> written;
+  while (err.empty() && waiting > 0) {
+    uint64_t events = 0;
+    arrived.clear();
+    err = t.Sync(&arrived, &written, &events);
+    for (const Arrival& a : arrived) {
+      const size_t j = static_cast<size_t>(a.step);
+      if (err.empty() && j < k && st[j] == 2 && flight.recv_from[j] == a.src) {
+        const char* data;
+        uint64_t bytes;
+        err = t.View(a.step, a.src, &data, &bytes);
+        if (err.empty() && flight.codec) {
+          err = flight.codec->Decode(data, bytes, out + j * row_bytes, row_bytes / itemsize);
+        } else if (err.empty() && bytes != row_bytes) {
+          err = t.Peer(a.src) + " sent " + std::to_string(bytes) + " bytes, not " +
+                std::to_string(row_bytes);
+        } else if (err.empty()) {
+          std::memcpy(out + j * row_bytes, data, bytes);
+        }
+        t.Release(a.step, a.src);
+        st[j] = 1;
+        --waiting;
+      }
+    }
+    for (size_t j = 0; err.empty() && j < k; ++j) {
+      if (st[j] == 2 && !t.Lost(flight.recv_from[j]).empty()) {
+        st[j] = -1;
+        --waiting;
+      }
+    }
+    if (!err.empty() || waiting == 0) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      for (size_t j = 0; j < k; ++j) {
+        if (st[j] != 2) continue;
+        const std::string stray = t.Stray(flight.recv_from[j]);
+        err = "timed out after " + std::to_string(flight.timeout.count()) + " ms waiting for " +
+              t.Peer(flight.recv_from[j]) + " (JAXCC_TIMEOUT_S sets the limit)" +
+              (stray.empty() ? "" : "; it sent " + stray);
+        break;
+      }
+      break;
+    }
+    t.Wait(events, deadline);
+  }
+  TcpAddBlocked(std::chrono::steady_clock::now() - start);
+  if (!err.empty()) {
+    t.Fail(err);
+    return ffi::Error::Internal(what + ": " + err);
+  }
+  int32_t* l = lost->typed_data();
+  for (size_t r = 0; r < lost->element_count(); ++r) {
+    l[r] = t.Lost(static_cast<int>(r)).empty() ? 0 : 1;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxcc
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccExchangeStart, jaxcc::StartImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()               // program order in
+                                  .Arg<ffi::AnyBuffer>()           // x: this rank's flat vector
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // send_to (k)
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // recv_from (k)
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // rank along the axis
+                                  .Ret<ffi::Token>()               // program order out
+                                  .Ret<ffi::Buffer<ffi::S32>>()    // handle
+                                  .Attr<int64_t>("nranks")
+                                  .Attr<int64_t>("op_id")
+                                  .Attr<int64_t>("digest")
+                                  .Attr<ffi::Span<const int64_t>>("procs")  // rank -> process
+                                  .Attr<int64_t>("codec")   // 0: raw, else codec id
+                                  .Attr<int64_t>("dtype")   // 0: x's, else the elements'
+                                  .Attr<int64_t>("timeout_ms"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccExchangeDone, jaxcc::DoneImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()               // program order in
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // handle
+                                  .Ret<ffi::Token>()               // program order out
+                                  .Ret<ffi::AnyBuffer>()           // received (k x n)
+                                  .Ret<ffi::Buffer<ffi::S32>>()    // status (k)
+                                  .Ret<ffi::Buffer<ffi::S32>>());  // lost (nranks)
