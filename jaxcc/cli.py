@@ -287,7 +287,7 @@ def _parser() -> argparse.ArgumentParser:
                   "restarts it in gossip.")
   p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
   p.add_argument("--rate", default="50mbit", help="link rate of every host (default 50mbit)")
-  p.add_argument("--steps", type=int, default=200, help="inner steps (default 200)")
+  p.add_argument("--steps", type=int, default=400, help="inner steps (default 400)")
   p.add_argument("--sync-every", type=int, default=20, help="inner steps per round (default 20)")
   p.add_argument("--kill", type=_parse_kill, metavar="RANK@ROUND",
                  help="SIGKILL worker RANK halfway through round ROUND")

@@ -5,8 +5,8 @@ theirs, in the same program or a later one.
 posts a copy of this rank's flat ``x`` to each rank ``send_to[j]`` as the
 piece of slot j and returns a handle at once; the pieces travel on the
 transport's progress thread while the process computes, even across program
-executions. ``done(handle)`` waits for the piece of slot j from each
-``recv_from[j]`` and returns them as rows, a status per slot (1 arrived, 0
+executions. ``done(handles)`` waits, for each exchange, for the piece of slot
+j from each ``recv_from[j]`` and returns them as rows, a status per slot (1 arrived, 0
 none expected, -1 the peer's connection is lost: no piece, no error) and
 which ranks' processes are lost. A peer that is up but silent past
 ``JAXCC_TIMEOUT_S`` fails ``done`` with an error that names it. Slots hold
@@ -15,8 +15,15 @@ ranks or -1; sender and receiver of a pair use the same slot.
 Bytes per call: ``x.nbytes`` (with a codec, its encoded size) to each
 ``send_to`` slot that is not -1, in one step. The pure-JAX twin is
 ``lax.ppermute`` per slot with the same masks (``jaxcc.optim`` uses it within
-one process). Both calls carry jaxcc's program-order token, so every process
-starts and finishes its exchanges in program order.
+one process).
+
+Order: each call takes an ``after`` value and runs once it is computed;
+``done`` follows its ``start`` through the handle. Every process runs a call
+site's exchanges in the same order (its programs' order), and a done waits
+only for starts, which never wait, so exchanges cannot deadlock. Unlike
+jaxcc's collectives they carry no program-order token: a jax effect makes
+XLA:CPU run the whole program synchronously, measured 1.5x slower for the
+char transformer's inner step.
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ ARRIVED, NONE, LOST = 1, 0, -1
 
 
 def start(x: jax.Array, send_to: jax.Array, recv_from: jax.Array, axis_name: str,
-          codec: str | None = None) -> jax.Array:
-  """Post flat ``x`` to the ranks ``send_to`` (int32 ``(k,)``, -1: none); the int32 handle."""
+          codec: str | None = None, after: jax.Array | None = None) -> jax.Array:
+  """Post flat ``x`` to the ranks ``send_to`` (int32 ``(k,)``, -1: none), once ``after`` is
+  computed; the int32 handle."""
   if x.ndim != 1:
     raise ValueError(f"gossip exchange: x must be flat, got shape {x.shape}")
   if send_to.shape != recv_from.shape or send_to.ndim != 1:
@@ -44,27 +52,36 @@ def start(x: jax.Array, send_to: jax.Array, recv_from: jax.Array, axis_name: str
                      f"{recv_from.shape} must be equal (k,) slots")
   axes = compat.bound_axes(axis_name, "gossip exchange")
   group_axes = compat.group_axes(axis_name)
-  return _start_p.bind(compat.make_varying(x, axis_name),
-                       compat.make_varying(send_to.astype(jnp.int32), axis_name),
-                       compat.make_varying(recv_from.astype(jnp.int32), axis_name),
+  after = jnp.zeros((), jnp.float32) if after is None else after
+  return _start_p.bind(*(compat.make_varying(a, axis_name) for a in (
+      x, send_to.astype(jnp.int32), recv_from.astype(jnp.int32), after)),
                        axes=axes, group_axes=group_axes, codec=codec)
 
 
-def done(handle: jax.Array, like: jax.Array, slots: int, nranks: int):
-  """The pieces of the exchange ``handle``: ``(slots, n)`` like ``like``, status, lost ranks."""
-  bits = jax.ShapeDtypeStruct((slots, like.size), as_bits(jnp.zeros((0,), like.dtype)).dtype)
-  got, status, lost = _done_p.bind(handle, shape=bits.shape, dtype=np.dtype(bits.dtype),
-                                   nranks=nranks)
+def done(handles: jax.Array, like: jax.Array, slots: int, nranks: int,
+         after: jax.Array | None = None):
+  """The exchanges ``handles`` (int32 ``(m,)``), once ``after`` (any value) is computed.
+
+  Returns:
+    The pieces ``(m, slots, n)`` like ``like`` (flat, n elements), the status
+    of each slot ``(m, slots)`` and which ranks' processes are lost ``(nranks,)``.
+  """
+  bits = as_bits(jnp.zeros((0,), like.dtype)).dtype
+  after = jnp.zeros((), jnp.float32) if after is None else after
+  axes = tuple(compat.varying_axes(jax.typeof(handles))) if compat.check_vma() else ()
+  got, status, lost = _done_p.bind(handles, compat.make_varying(after, axes) if axes else after,
+                                   shape=(handles.shape[0], slots, like.size),
+                                   dtype=np.dtype(bits), nranks=nranks)
   if got.dtype != like.dtype:
     got = lax.bitcast_convert_type(got, like.dtype)
   return got, status, lost
 
 
 def _start_abstract(x, *_, **__):
-  return x.update(shape=(), dtype=np.dtype(np.int32)), {compat.PROGRAM_ORDER}
+  return x.update(shape=(), dtype=np.dtype(np.int32))
 
 
-def _lower_start(x, send_to, recv_from, *, axes, group_axes, codec, platform):
+def _lower_start(x, send_to, recv_from, after, *, axes, group_axes, codec, platform):
   del platform
   if group_axes:
     raise NotImplementedError("gossip exchange over one mesh axis only")
@@ -79,26 +96,27 @@ def _lower_start(x, send_to, recv_from, *, axes, group_axes, codec, platform):
   digest = hashlib.sha256(f"{x.size}/{np.dtype(x.dtype).name}/{codec}".encode()).hexdigest()
   ffi.load()
   return [_start_ffi_p.bind(
-      bits, send_to, recv_from, lax.axis_index(axis_name).astype(jnp.int32),
+      bits, send_to, recv_from, lax.axis_index(axis_name).astype(jnp.int32), after,
       nranks=np.int64(nranks), op_id=np.int64(native_executor.next_op_id()),
       digest=np.int64(int(digest[:15], 16)), procs=native_executor.ArrayAttr(np.ascontiguousarray(procs, np.int64)),
       codec=np.int64(native_executor.CODEC_IDS[codec]), dtype=np.int64(dtype_id),
       timeout_ms=np.int64(config.timeout_ms()))]
 
 
-def _done_abstract(handle, *, shape, dtype, nranks):
-  return ((handle.update(shape=shape, dtype=dtype), handle.update(shape=(shape[0],)),
-           handle.update(shape=(nranks,))), {compat.PROGRAM_ORDER})
+def _done_abstract(handles, after, *, shape, dtype, nranks):
+  del after
+  return (handles.update(shape=shape, dtype=dtype), handles.update(shape=shape[:2]),
+          handles.update(shape=(nranks,)))
 
 
 _start_p = compat.Primitive("jaxcc_gossip_exchange_start")
-_start_p.def_effectful_abstract_eval(_start_abstract)
+_start_p.def_abstract_eval(_start_abstract)
 compat.mlir.register_lowering(_start_p, compat.lower_in_axis_env(_lower_start, platform="cpu"),
                               platform="cpu")
 
 _start_ffi_p = compat.Primitive("jaxcc_exchange_start")
-_start_ffi_p.def_effectful_abstract_eval(_start_abstract)
-_lower_start_ffi = compat.ordered_ffi_lowering("jaxcc_exchange_start", has_side_effect=True)
+_start_ffi_p.def_abstract_eval(_start_abstract)
+_lower_start_ffi = jax.ffi.ffi_lowering("jaxcc_exchange_start", has_side_effect=True)
 compat.mlir.register_lowering(
     _start_ffi_p, lambda ctx, *args, procs, **attrs: _lower_start_ffi(ctx, *args,
                                                                      procs=procs.array, **attrs),
@@ -106,7 +124,8 @@ compat.mlir.register_lowering(
 
 _done_p = compat.Primitive("jaxcc_exchange_done")
 _done_p.multiple_results = True
-_done_p.def_effectful_abstract_eval(_done_abstract)
-_lower_done = compat.ordered_ffi_lowering("jaxcc_exchange_done", has_side_effect=True)
+_done_p.def_abstract_eval(_done_abstract)
+_lower_done = jax.ffi.ffi_lowering("jaxcc_exchange_done", has_side_effect=True)
 compat.mlir.register_lowering(
-    _done_p, lambda ctx, handle, **params: _lower_done(ctx, handle), platform="cpu")
+    _done_p, lambda ctx, handles, after, **params: _lower_done(ctx, handles, after),
+    platform="cpu")

@@ -7,8 +7,10 @@ Measured on each worker's clock: compute time (step wall time less the time
 its calls were blocked on the network), blocked time per round, utilization
 (compute over the training's wall time) and bytes sent (the kernel's counters
 of its host's link). The averaged model of every round is evaluated here on
-the held-out text. ``local`` (no communication at all) is the compute-only
-twin of each step: gossip's inner step over it is the overlap. With
+the held-out text. The overlap is measured at the rate where one fragment of
+the anchor takes as long as one compute-only step (``local``: the inner
+optimizer alone): gossip (blocking_rounds=0)'s inner step over the same step
+with its messages dropped, and over ``local``'s. With
 ``--kill RANK@ROUND`` gossip (blocking_rounds=1) and DiLoCo run again with
 that worker SIGKILLed halfway through the round (``--rejoin ROUND``: gossip
 restarts it, it rejoins at a later round). Process 0 hosts the job's
@@ -24,7 +26,10 @@ import time
 
 import numpy as np
 
+from jaxcc.optim._gossip import fragments
+
 METHODS = ("local", "data_parallel", "diloco", "gossip_b0", "gossip_b1")
+OVERLAP_DROP = 0.999  # the overlap's run without mixing: gossip_b0 with its messages dropped
 _WORKER = os.path.join(os.path.dirname(__file__), "diloco_worker.py")
 
 
@@ -79,6 +84,7 @@ def evaluate(run: dict, cfg: dict) -> dict:
   wall = [np.asarray(r["wall"][1:]) for r in records]  # step 0 compiles
   blocked = [np.asarray(r["blocked"][1:]) for r in records]
   compute = [float(np.sum(w - b)) for w, b in zip(wall, blocked)]
+  cpu = [np.asarray(r["cpu"][1:]) for r in records]
   span = [r["end_time"] - r["start_time"] for r in records]
   done_rounds = [len(r.get("round_end", {})) for r in records]
   out = {"rounds": len(curve), "final_loss": curve[-1]["loss"] if curve else float("nan"),
@@ -86,7 +92,8 @@ def evaluate(run: dict, cfg: dict) -> dict:
          "utilization": float(np.mean([c / s for c, s in zip(compute, span)])),
          "blocking_s_per_round": float(np.mean([b.sum() / max(k, 1)
                                                 for b, k in zip(blocked, done_rounds)])),
-         "step_s": float(np.mean([np.median(w - 0) for w in wall])),
+         "step_s": float(np.mean([np.mean(w) for w in wall])),
+         "step_cpu_s": float(np.mean([np.mean(c) for c in cpu])),
          "compute_s": float(np.mean(compute)), "wall_s": float(np.mean(span)),
          "bytes_sent": int(sum(run["bytes_sent"])) if run["bytes_sent"] else None}
   failed = [r["failed"] for r in run["records"] if r.get("failed")]
@@ -129,7 +136,7 @@ def loss_at(curve: list, time_s: float) -> float:
   return done[-1] if done else float("nan")
 
 
-def run(workers: int = 4, rate: str = "50mbit", steps: int = 200, sync_every: int = 20,
+def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: int = 20,
         codecs=(None, "entropy"), methods=METHODS, kill: tuple[int, int] | None = None,
         rejoin: int | None = None, width: int | None = None, layers: int | None = None,
         timeout_s: float = 60) -> dict:
@@ -158,12 +165,35 @@ def run(workers: int = 4, rate: str = "50mbit", steps: int = 200, sync_every: in
              **evaluate(result, cfg)}
       rows.append(row)
       runs.append(result)
+  by_name = {r["method"]: r for r in rows}
+  if "local" in by_name and "gossip_b0" in methods:
+    # Where one fragment of the anchor takes as long as one compute-only step.
+    nparams = np.load(os.path.join(runs[0]["dir"], "w0_r0.npy")).size
+    fragment_bits = 32 * -(-nparams // fragments(sync_every))
+    overlap_rate = fragment_bits / by_name["local"]["step_s"]
+    # With mixing, and the same program with its messages dropped (0.1% still go), twice each
+    # in turns: runs of 4 processes on 2 cores vary by 10-20%.
+    steps_s = {0.0: [], OVERLAP_DROP: []}
+    with Cluster(workers, overlap_rate) as cluster:
+      for drop in (OVERLAP_DROP, 0.0) * 2:
+        cfg = dict(base, method="gossip_b0", codec=None, drop_rate=drop)
+        result = run_method(cluster, cfg)
+        steps_s[drop].append(evaluate(result, cfg))
+    row = {"method": "gossip_b0@overlap_rate", "rate_bit_s": overlap_rate,
+           **steps_s[0.0][-1]}
+    row["step_s"] = float(np.mean([r["step_s"] for r in steps_s[0.0]]))
+    row["step_cpu_s"] = float(np.mean([r["step_cpu_s"] for r in steps_s[0.0]]))
+    row["step_without_mixing_s"] = float(np.mean([r["step_s"] for r in steps_s[OVERLAP_DROP]]))
+    row["step_vs_without_mixing"] = row["step_s"] / row["step_without_mixing_s"]
+    row["step_vs_local"] = row["step_s"] / by_name["local"]["step_s"]
+    row["step_cpu_vs_local"] = row["step_cpu_s"] / by_name["local"]["step_cpu_s"]
+    rows.append(row)
   clean = {r["method"]: r for r in rows}
   for r in rows:
     if r["method"].endswith("+kill") and r["method"][:-5] in clean:
       r["loss_vs_clean"] = r["final_loss"] / clean[r["method"][:-5]]["final_loss"] - 1
   end = min((r["curve"][-1]["time"] for r in rows if r["curve"] and "kill" not in r["method"]
-             and r["method"] != "local"), default=0)
+             and r["method"] != "local" and "@" not in r["method"]), default=0)
   for r in rows:
     r["loss_at_equal_time"] = loss_at(r["curve"], end)
   return {"command": None, "workers": workers, "rate": rate, "steps": steps,
@@ -176,12 +206,12 @@ def table(result: dict) -> str:
   lines = [f"{result['workers']} workers at {result['rate']}, {result['steps']} inner steps, "
            f"H = {result['sync_every']}; loss at equal time: at {result['equal_time_s']:.1f} s",
            f"{'method':22s} {'loss':>7s} {'loss@t':>7s} {'util':>6s} {'block/rnd':>10s} "
-           f"{'step ms':>8s} {'MB sent':>8s}"]
+           f"{'step ms':>8s} {'cpu ms':>7s} {'MB sent':>8s}"]
   for name, r in rows.items():
     sent = f"{r['bytes_sent'] / 1e6:8.2f}" if r["bytes_sent"] is not None else f"{'-':>8s}"
     lines.append(f"{name:22s} {r['final_loss']:7.4f} {r['loss_at_equal_time']:7.4f} "
                  f"{r['utilization']:6.3f} {r['blocking_s_per_round'] * 1e3:8.1f}ms "
-                 f"{r['step_s'] * 1e3:8.2f} {sent}")
+                 f"{r['step_s'] * 1e3:8.2f} {r['step_cpu_s'] * 1e3:7.2f} {sent}")
   for suffix in ("", "+entropy"):
     d = rows.get("diloco" + suffix)
     if not d:
@@ -189,13 +219,17 @@ def table(result: dict) -> str:
     for g in ("gossip_b1", "gossip_b0"):
       if g + suffix in rows:
         r = rows[g + suffix]
-        lines.append(f"{g + suffix}: blocking {r['blocking_s_per_round'] / d['blocking_s_per_round']:.3f}"
-                     f" of diloco{suffix}'s, loss {r['final_loss'] / d['final_loss'] - 1:+.2%} at "
-                     f"equal steps, {r['loss_at_equal_time'] - d['loss_at_equal_time']:+.4f} at "
-                     "equal time")
-  if "local" in rows and "gossip_b0" in rows:
-    lines.append(f"overlap: gossip_b0's inner step {rows['gossip_b0']['step_s'] / rows['local']['step_s']:.3f}x"
-                 " local's (no communication)")
+        ratio = r["blocking_s_per_round"] / d["blocking_s_per_round"]
+        lines.append(f"{g + suffix}: blocking {ratio:.3f} of diloco{suffix}'s, loss "
+                     f"{r['final_loss'] / d['final_loss'] - 1:+.2%} at equal steps, "
+                     f"{r['loss_at_equal_time'] - d['loss_at_equal_time']:+.4f} at equal time")
+  if "gossip_b0@overlap_rate" in rows:
+    r = rows["gossip_b0@overlap_rate"]
+    lines.append(f"overlap: at {r['rate_bit_s'] / 1e6:.1f} Mbit/s (one fragment takes one "
+                 f"compute-only step) gossip_b0's inner step is {r['step_vs_without_mixing']:.3f}x"
+                 f" the same step without mixing (messages dropped); {r['step_vs_local']:.3f}x "
+                 f"local's (no optimizer state, no communication), {r['step_cpu_vs_local']:.3f}x "
+                 "in CPU time")
   for name, r in rows.items():
     if "killed" in r:
       lines.append(f"{name}: killed rank {r['killed']['rank']} at step {r['killed']['step']}; "

@@ -68,13 +68,14 @@ def main():
         lambda u, s, p=None: (jaxcc.all_reduce(u, axis, op="mean", codec=codec), s))
     tx = optax.chain(mean, inner)
   elif method == "diloco":
-    tx = optax.chain(inner, jaxcc.optim.diloco(axis, every, codec=codec))
+    tx = optax.chain(inner, jaxcc.optim.diloco(axis, every, codec=codec,
+                                               algorithm=cfg.get("algorithm", "auto")))
   elif method == "local":
     tx = inner
   else:
     tx = optax.chain(inner, jaxcc.optim.gossip_diloco(
         axis, every, graph=cfg.get("graph", "one_peer_exponential"),
-        blocking_rounds=int(method[-1]), codec=codec))
+        blocking_rounds=int(method[-1]), codec=codec, drop_rate=cfg.get("drop_rate", 0.0)))
 
   mesh = jax.make_mesh((n,), (axis,), devices=jax.devices())
   sharding = NamedSharding(mesh, P(axis))
@@ -121,9 +122,9 @@ def main():
   victim = kill[0] if kill else None
   first = 0
   record = {"rank": me, "method": method, "incarnation": job.incarnation, "wall": [],
-            "blocked": [], "loss": [], "round_end": {}, "lost": {}, "failed": None}
+            "blocked": [], "cpu": [], "loss": [], "round_end": {}, "lost": {}, "failed": None}
+  tcp_bootstrap.ensure_started()  # process 0 sees the others' ends as their connections close
   if job.incarnation:  # the restarted victim: rejoin (process 0 is the source)
-    tcp_bootstrap.ensure_started()
     compat.kv_set(f"{_KV}/ready/{me}", str(time.time()), overwrite=True)
     t_join = int(compat.kv_get(f"{_KV}/round/{me}", cfg.get("timeout_s", 300)))
     blob = cpu.tcp_recv_bytes(0, t_join, 1 << 30, cfg.get("timeout_s", 300))
@@ -137,8 +138,6 @@ def main():
     record["rejoined_at_round"] = t_join
     record["rejoined_time"] = time.time()
   t_join = None
-  start_time = time.time()
-  record["start_time"] = start_time
   for i in range(first, steps):
     r, h = divmod(i, every)
     if kill and me == victim and job.incarnation == 0 and i == kill[1] * every + every // 2:
@@ -165,7 +164,7 @@ def main():
                    **{f"a{j}": to_local(a) for j, a in enumerate(leaves)})
           cpu.tcp_send_bytes(victim, t_join, buf.getvalue())
     windows = to_global(data[i])
-    t0, b0 = time.perf_counter(), cpu.tcp_blocked_ns()
+    t0, b0, c0 = time.perf_counter(), cpu.tcp_blocked_ns(), time.process_time()
     try:
       params, state, loss = step(params, state, windows)
       loss = float(to_local(loss))
@@ -173,8 +172,11 @@ def main():
       record["failed"] = {"step": i, "time": time.time(), "error": str(e).splitlines()[0][:600]}
       jaxcc.recover()
       break
+    if i == first:  # it compiled: the training's clock starts after it
+      record["start_time"] = time.time()
     record["wall"].append(time.perf_counter() - t0)
     record["blocked"].append((cpu.tcp_blocked_ns() - b0) * 1e-9)
+    record["cpu"].append(time.process_time() - c0)
     record["loss"].append(loss)
     for q in range(n):
       at = cpu.tcp_lost_at(q) if q != me else 0.0
@@ -186,10 +188,14 @@ def main():
       np.save(os.path.join(cfg["out"], f"w{me}_r{r}.npy"), np.asarray(flat, np.float32))
       record["round_end"][str(r)] = time.time()
   record["end_time"] = time.time()
+  cpu.tcp_flush(cfg.get("timeout_s", 300))  # the last pieces leave before the process ends
   compat.kv_set(f"{_KV}/done/{me}", "1", overwrite=True)
   if me == 0:  # the coordinator exits last: the others' processes end with its service
+    deadline = time.monotonic() + cfg.get("timeout_s", 300)
     for q in cfg.get("wait_for", range(1, n)):
       compat.kv_get(f"{_KV}/done/{q}", cfg.get("timeout_s", 300))
+      while not cpu.tcp_lost(q) and time.monotonic() < deadline:  # until q's process is gone
+        time.sleep(0.01)
   print(json.dumps(record), flush=True)
   # No shutdown: its RPCs and the wait for a failed call's token would fail on a lost peer.
   os._exit(0)

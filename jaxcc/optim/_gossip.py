@@ -26,23 +26,22 @@ class GossipDiLoCoState(NamedTuple):
     anchor: this worker's outer parameters theta_i (a tree like the params).
     momentum: this worker's outer Nesterov buffer (a tree like the params).
     mix_buffer: ``(F, ceil(N / F))`` array in the raveled params' dtype, F =
-      ``max(sync_every - 1, 1)`` fragments: row f holds the sum of the
+      ``ceil(sync_every / 2)`` fragments: row f holds the sum of the
       neighbours' fragment f of their anchors that arrived in this round (N =
-      number of parameters).
-    got: int32 ``(k,)``, per peer slot of the round, its fragments that arrived.
+      number of parameters); across processes it is filled at the sync step.
     live: bool ``(n,)``, the workers this one exchanges with: a peer whose
       connection is lost leaves it; a restarted worker comes back when the
       training loop sets it again (``(0,)`` if ``init`` ran outside shard_map:
       every worker, always).
-    handle: int32, the native exchange of the fragment in flight (-1: none).
+    handles: int32 ``(F,)``, across processes the native exchanges of this
+      round's fragments in flight (-1: none).
   """
   count: jax.Array
   anchor: optax.Params
   momentum: optax.Params
   mix_buffer: jax.Array
-  got: jax.Array
   live: jax.Array
-  handle: jax.Array
+  handles: jax.Array
 
 
 def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exponential",
@@ -58,14 +57,15 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
 
   1. *Overlapped mix (non-blocking).* The anchor theta_i^t is known when the
      round starts and does not change during it, so it is sent while the
-     inner steps compute: raveled, padded and cut into F = max(H - 1, 1)
-     fragments; inner step f starts sending fragment f to the round's peers
-     and inner step f + 1 stores what arrived in ``mix_buffer`` (across
-     processes the fragment travels while step f + 1 computes; with H = 1
-     both happen in the one step). The mixed anchor ``sum_j W1_ij theta_j^t``
-     is therefore of this round's anchors, complete at the sync step:
-     overlap without staleness (unlike eager updates, which apply last
-     round's pseudo-gradients).
+     inner steps compute: raveled, padded and cut into F = ceil(H / 2)
+     fragments; inner step f < F sends fragment f to the round's peers and
+     what arrived is stored in ``mix_buffer`` (within one process at once;
+     across processes the fragments travel while the following steps compute
+     and the sync step, after its compute, takes them all: the last one has
+     H - F steps to come, so a peer that many steps behind costs no wait).
+     The mixed anchor ``sum_j W1_ij theta_j^t`` is therefore of this round's
+     anchors, complete at the sync step: overlap without staleness (unlike
+     eager updates, which apply last round's pseudo-gradients).
   2. *Blocking mix at the sync step.* The pseudo-gradient
      ``delta_i = theta_i - x_i`` is mixed ``blocking_rounds`` times,
      ``delta <- W2 delta``.
@@ -141,57 +141,40 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
 
   def init_fn(params):
     flat, _ = ravel_pytree(params)
-    frags = max(sync_every - 1, 1)
+    frags = fragments(sync_every)
     width = -(-flat.size // frags)
     n = _bound_size(axis_name)
-    k = len(phases(graph, n)[0]) if n else 0
     return GossipDiLoCoState(jnp.zeros([], jnp.int32), params, optax.tree.zeros_like(params),
                              jnp.zeros_like(flat, shape=(frags, width)),
-                             jnp.zeros_like(flat, jnp.int32, shape=(k,)),
                              jnp.ones_like(flat, bool, shape=(n,)),
-                             jnp.full_like(flat, -1, jnp.int32, shape=()))
+                             jnp.full_like(flat, -1, jnp.int32, shape=(frags,)))
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
-    updates, params, anchor, momentum, buffer, got, live, handle = on_worker(
+    updates, params, anchor, momentum, buffer, live, handles = on_worker(
         api, axis_name, updates, params, state.anchor, state.momentum, state.mix_buffer,
-        state.got, state.live, state.handle)
+        state.live, state.handles)
     mixer = Mixer(api, axis_name, graph, drop_rate=drop_rate, failed_worker=failed_worker,
                   fail_round=fail_round, seed=seed, codec=codec, algorithm=algorithm,
                   topology=topology)
-    tracked = live.shape == (mixer.n,) and got.shape == (mixer.slots,)
+    tracked = live.shape == (mixer.n,)
     if not tracked:
       if mixer.native:
         raise ValueError(f"{api}: across processes, call init inside shard_map (it sizes the "
                          "state that tracks which workers are live)")
-      live, got = jnp.ones(mixer.n, bool), jnp.zeros(mixer.slots, jnp.int32)
-    x_new = optax.apply_updates(params, updates)
+      live = jnp.ones(mixer.n, bool)
     t, h = state.count // sync_every, state.count % sync_every
     phase = t % mixer.num_phases
     frags = buffer.shape[0]
 
-    # The overlapped mix: fragment f of this round's anchor, started at step f.
+    # The overlapped mix: fragment f of this round's anchor, sent at step f.
     flat_anchor, unravel = ravel_pytree(anchor)
     fragments = jnp.pad(flat_anchor, (0, buffer.size - flat_anchor.size)).reshape(buffer.shape)
     fragment = lambda f: lax.dynamic_index_in_dim(fragments, f, keepdims=False)  # noqa: E731
     if mixer.native:
-      got = jnp.where(h == 0, 0, got)
-
-      def finish(f, handle, buffer, got, live):
-        received, arrived, lost = mixer.done(handle, buffer[0])
-        return (lax.dynamic_update_index_in_dim(buffer, received, f, 0),
-                got + arrived.astype(jnp.int32), live & ~lost)
-
-      def begin(f):
-        return mixer.start(fragment(f), t, 0, phase, live)[0]
-
-      if frags < sync_every:  # the fragment of the last step arrives in this one
-        buffer, got, live = lax.cond(
-            h >= 1, lambda: finish(h - 1, handle, buffer, got, live),
-            lambda: (buffer, got, live))
-        handle = lax.cond(h < frags, lambda: begin(h), lambda: jnp.full_like(handle, -1))
-      else:  # H = 1: started and finished in the one step
-        buffer, got, live = finish(0, begin(0), buffer, got, live)
+      handles = lax.cond(
+          h < frags, lambda: handles.at[h].set(mixer.start(fragment(h), t, 0, phase, live)),
+          lambda: handles)
     else:
       def twin(buffer):
         received = mixer.receive(fragment(h), mixer.arrived(t, 0, phase), phase)
@@ -199,28 +182,38 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
 
       buffer = lax.cond(h < frags, twin, lambda b: b, buffer)
 
-    def sync(live):
-      # Within one process every fragment of a round arrives or none does.
-      arrived = got == frags if mixer.native else mixer.arrived(t, 0, phase)
+    def sync(buffer, live):
+      if mixer.native:  # every fragment, once this step's update is computed
+        after = sum(leaf.reshape(-1)[0].astype(jnp.float32) for leaf in jax.tree.leaves(updates))
+        buffer, got, lost = mixer.done(handles, buffer[0], after)
+        arrived, live = jnp.all(got, axis=0), live & ~lost
+      else:  # within one process every fragment of a round arrives or none does
+        arrived = mixer.arrived(t, 0, phase)
       mixed_anchor = mixer.combine(flat_anchor, buffer.reshape(-1)[:flat_anchor.size], arrived)
+      x_new = optax.apply_updates(params, updates)
       delta, _ = ravel_pytree(optax.tree.sub(anchor, x_new))
-      for r in range(blocking_rounds):
+      for r in range(blocking_rounds):  # after the overlapped mix's done: one order everywhere
         delta, lost = mixer.mix(delta, t, 1 + r, (t + r + 1 - blocking_rounds) % mixer.num_phases,
-                                live)
+                                live, after=mixed_anchor[0])
         live = live & ~lost
       new_anchor, new_momentum = outer_step(unravel(mixed_anchor), momentum, unravel(delta),
                                             outer_learning_rate, outer_momentum, nesterov)
-      return move_to(new_anchor, params, updates), new_anchor, new_momentum, live
+      return (move_to(new_anchor, params, updates), new_anchor, new_momentum, buffer, live,
+              jnp.full_like(handles, -1))
 
-    updates, anchor, momentum, live = lax.cond(h == sync_every - 1, sync,
-                                               lambda live: (updates, anchor, momentum, live),
-                                               live)
+    updates, anchor, momentum, buffer, live, handles = lax.cond(
+        h == sync_every - 1, sync,
+        lambda buffer, live: (updates, anchor, momentum, buffer, live, handles), buffer, live)
     if not tracked:
-      live, got = state.live, state.got
-    return updates, GossipDiLoCoState(state.count + 1, anchor, momentum, buffer, got, live,
-                                      handle)
+      live = state.live
+    return updates, GossipDiLoCoState(state.count + 1, anchor, momentum, buffer, live, handles)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def fragments(sync_every: int) -> int:
+  """How many fragments of the anchor a round of ``sync_every`` inner steps sends: ceil(H / 2)."""
+  return -(-sync_every // 2)
 
 
 def _bound_size(axis_name: str) -> int:

@@ -83,16 +83,22 @@ class Mixer:
     receives = self.arrived(t, op, phase) & live[src]
     return jnp.where(sends, dst, -1), jnp.where(receives, src, -1)
 
-  def start(self, x: jax.Array, t: jax.Array, op: int, phase: jax.Array, live: jax.Array):
-    """Starts the native exchange of flat ``x`` in round (t, op): (handle, recv_from)."""
+  def start(self, x: jax.Array, t: jax.Array, op: int, phase: jax.Array, live: jax.Array,
+            after: jax.Array | None = None) -> jax.Array:
+    """Starts the native exchange of flat ``x`` in round (t, op), after ``after``: its handle."""
     send_to, recv_from = self.peers(t, op, phase, live)
-    return gossip_exchange.start(x, send_to, recv_from, self.axis_name, self.codec), recv_from
+    return gossip_exchange.start(x, send_to, recv_from, self.axis_name, self.codec, after)
 
-  def done(self, handle: jax.Array, like: jax.Array):
-    """The native exchange ``handle``: (sum of what arrived, arrived (k,), lost (n,))."""
-    got, status, lost = gossip_exchange.done(handle, like, self.slots, self.n)
+  def done(self, handles: jax.Array, like: jax.Array, after: jax.Array | None = None):
+    """Native exchanges ``handles`` (m,), finished after ``after`` is computed.
+
+    Returns:
+      The sum of what arrived per exchange ``(m,) + like.shape``, which slots
+      arrived ``(m, k)`` and the peers found lost ``(n,)``.
+    """
+    got, status, lost = gossip_exchange.done(handles, like, self.slots, self.n, after)
     arrived = status == gossip_exchange.ARRIVED
-    return jnp.sum(jnp.where(arrived[:, None], got, 0), axis=0), arrived, lost > 0
+    return jnp.sum(jnp.where(arrived[..., None], got, 0), axis=1), arrived, lost > 0
 
   def receive(self, x: jax.Array, arrived: jax.Array, phase: jax.Array) -> jax.Array:
     """The sum of the neighbours' ``x`` that arrived (for "complete", of all arrived, own included).
@@ -118,12 +124,14 @@ class Mixer:
       return (jnp.where(own, x, 0) + jnp.where(others > 0, received, 0)) / (own + others)
     return (x + received) / (1 + others)
 
-  def mix(self, x: jax.Array, t: jax.Array, op: int, phase: jax.Array, live: jax.Array):
-    """One blocking mixing round of ``x``: (mixed x, the peers found lost, bool ``(n,)``)."""
+  def mix(self, x: jax.Array, t: jax.Array, op: int, phase: jax.Array, live: jax.Array,
+          after: jax.Array | None = None):
+    """One blocking mixing round of ``x`` (after ``after``): (mixed x, the peers found lost,
+    bool ``(n,)``)."""
     if self.native:
-      handle, _ = self.start(x, t, op, phase, live)
-      received, arrived, lost = self.done(handle, x)
-      return self.combine(x, received, arrived), lost
+      handle = self.start(x, t, op, phase, live, after)
+      received, arrived, lost = self.done(handle[None], x)
+      return self.combine(x, received[0], arrived[0]), lost
     arrived = self.arrived(t, op, phase)
     return self.combine(x, self.receive(x, arrived, phase), arrived), jnp.zeros(self.n, bool)
 

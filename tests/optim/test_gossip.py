@@ -135,9 +135,10 @@ def test_state_layout():
   tx = optim.gossip_diloco(AXIS, 4)
   params = {"a": jnp.ones((3, 3)), "b": jnp.ones(2, jnp.bfloat16)}
   state = tx.init(params)
-  # 3 fragments of the 11 parameters; outside shard_map no live tracking.
-  assert state.mix_buffer.shape == (3, 4) and state.mix_buffer.dtype == jnp.float32
-  assert state.live.shape == (0,) and state.got.shape == (0,) and int(state.handle) == -1
+  # 2 fragments of the 11 parameters; outside shard_map no live tracking.
+  assert state.mix_buffer.shape == (2, 6) and state.mix_buffer.dtype == jnp.float32
+  assert state.live.shape == (0,) and (np.asarray(state.handles) == -1).all()
+  assert state.handles.shape == (2,)
   inside = on_workers(lambda p, t: tx.init(p))
-  assert inside.live.shape == (N, N) and inside.got.shape == (N, 1)
+  assert inside.live.shape == (N, N)
   assert optim.outer_params((optax.adam(0.1).init(params), state)) is params

@@ -2,18 +2,24 @@
 // over the Tcp transport that outlives the program that starts it, and that a
 // lost peer does not fail.
 //
-// start (operands: the program-order token, this rank's flat x, send_to and
-// recv_from (int32, k slots each: a rank, or -1 for none), the rank (int32
-// scalar)) registers what the rank receives, posts a copy of x (encoded with
-// `codec`) to each send_to[j] as the piece of step j, and returns a handle
-// (int32 scalar) at once: the pieces travel on the progress thread while the
-// process computes. done (operands: the token, the handle) waits for the
-// piece of step j from each recv_from[j] and returns them as rows
-// (k x n, x's type), with a status per slot (1: arrived, 0: none expected,
-// -1: the peer's connection is lost, so its piece will not come) and, per
-// rank, 1 if its process' connection is lost. Its wait is counted as blocked
-// time (TcpBlockedNs). A piece that does not come within `timeout_ms` while
-// its peer's connection is up fails the call with a message naming the peer.
+// start (operands: this rank's flat x, send_to and recv_from (int32, k slots
+// each: a rank, or -1 for none), the rank (int32 scalar), and `after`, a value
+// that only orders the call after what it comes from) registers what the rank
+// receives, posts a copy of x (encoded with `codec`) to each send_to[j] as the
+// piece of step j, and returns a handle (int32 scalar) at once: the pieces
+// travel on the progress thread while the process computes. done (operands:
+// m handles (int32) and an `after`) waits, for each exchange, for the piece of
+// step j from each recv_from[j] and returns them as rows (m x k x n, x's
+// type), with a status per slot (1: arrived, 0: none expected, -1: the peer's
+// connection is lost, so its piece will not come) and, per rank, 1 if its
+// process' connection is lost. Its wait is counted as blocked time
+// (TcpBlockedNs). A piece that does not come within `timeout_ms` while its
+// peer's connection is up fails the call with a message naming the peer.
+//
+// Both are custom calls with side effects but no program-order token: XLA
+// keeps them, data (the handle, `after`) orders them, and the program keeps
+// XLA:CPU's asynchronous dispatch (a token makes jax run a program
+// synchronously, measured 1.5x slower for the char transformer's step).
 //
 // Bytes per call: x.nbytes (encoded: its encoded size) to each send_to slot;
 // one step. Sender and receiver must use the same slot j for a pair (gossip
@@ -62,9 +68,9 @@ std::string CheckSlots(ffi::Span<const int32_t> slots, const char* name, int64_t
   return "";
 }
 
-ffi::Error StartImpl(ffi::Token, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
+ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
                      ffi::Buffer<ffi::S32> recv_from, ffi::Buffer<ffi::S32> rank_buf,
-                     ffi::Result<ffi::Token>, ffi::Result<ffi::Buffer<ffi::S32>> handle,
+                     ffi::AnyBuffer, ffi::Result<ffi::Buffer<ffi::S32>> handle,
                      int64_t nranks, int64_t op_id, int64_t digest,
                      ffi::Span<const int64_t> procs, int64_t codec_id, int64_t dtype_id,
                      int64_t timeout_ms) {
@@ -138,38 +144,18 @@ ffi::Error StartImpl(ffi::Token, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to
   return ffi::Error::Success();
 }
 
-ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle_buf, ffi::Result<ffi::Token>,
-                    ffi::Result<ffi::AnyBuffer> received,
-                    ffi::Result<ffi::Buffer<ffi::S32>> status,
-                    ffi::Result<ffi::Buffer<ffi::S32>> lost) {
-  const auto start = std::chrono::steady_clock::now();
-  const int32_t h = handle_buf.typed_data()[0];
-  InFlight flight;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto it = g_in_flight.find(h);
-    if (it == g_in_flight.end()) {
-      return ffi::Error::InvalidArgument("jaxcc gossip exchange: no exchange in flight has "
-                                         "handle " + std::to_string(h));
-    }
-    flight = std::move(it->second);
-    g_in_flight.erase(it);
-  }
-  const std::string what = "jaxcc gossip exchange (op " + std::to_string(flight.op_id) + ")";
+// Finishes one exchange into `out` (its k rows) and `st` (its k statuses).
+std::string Finish(InFlight& flight, char* out, size_t row_bytes, size_t itemsize, int32_t* st) {
   TcpTransport& t = *flight.transport;
   const size_t k = flight.recv_from.size();
-  const size_t row_bytes = k ? received->size_bytes() / k : 0;
-  const size_t itemsize = ffi::ByteWidth(received->element_type());
-  char* out = static_cast<char*>(received->untyped_data());
-  int32_t* st = status->typed_data();
-  std::memset(out, 0, received->size_bytes());
+  std::memset(out, 0, k * row_bytes);
   size_t waiting = 0;
   for (size_t j = 0; j < k; ++j) {
     st[j] = flight.recv_from[j] >= 0 ? 2 : 0;  // 2: not yet arrived
     waiting += st[j] == 2;
   }
   std::string err;
-  const auto deadline = start + flight.timeout;
+  const auto deadline = std::chrono::steady_clock::now() + flight.timeout;
   std::vector<Arrival> arrived;
   std::vector<int64_t> written;
   while (err.empty() && waiting > 0) {
@@ -178,51 +164,86 @@ ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle_buf, ffi::Result<ff
     err = t.Sync(&arrived, &written, &events);
     for (const Arrival& a : arrived) {
       const size_t j = static_cast<size_t>(a.step);
-      if (err.empty() && j < k && st[j] == 2 && flight.recv_from[j] == a.src) {
-        const char* data;
-        uint64_t bytes;
-        err = t.View(a.step, a.src, &data, &bytes);
-        if (err.empty() && flight.codec) {
-          err = flight.codec->Decode(data, bytes, out + j * row_bytes, row_bytes / itemsize);
-        } else if (err.empty() && bytes != row_bytes) {
-          err = t.Peer(a.src) + " sent " + std::to_string(bytes) + " bytes, not " +
-                std::to_string(row_bytes);
-        } else if (err.empty()) {
-          std::memcpy(out + j * row_bytes, data, bytes);
-        }
-        t.Release(a.step, a.src);
-        st[j] = 1;
-        --waiting;
+      if (!err.empty() || j >= k || st[j] != 2 || flight.recv_from[j] != a.src) continue;
+      const char* data;
+      uint64_t bytes;
+      err = t.View(a.step, a.src, &data, &bytes);
+      if (err.empty() && flight.codec) {
+        err = flight.codec->Decode(data, bytes, out + j * row_bytes, row_bytes / itemsize);
+      } else if (err.empty() && bytes != row_bytes) {
+        err = t.Peer(a.src) + " sent " + std::to_string(bytes) + " bytes, not " +
+              std::to_string(row_bytes);
+      } else if (err.empty()) {
+        std::memcpy(out + j * row_bytes, data, bytes);
       }
+      t.Release(a.step, a.src);
+      st[j] = 1;
+      --waiting;
     }
     for (size_t j = 0; err.empty() && j < k; ++j) {
       if (st[j] == 2 && !t.Lost(flight.recv_from[j]).empty()) {
-        st[j] = -1;
+        st[j] = -1;  // its piece will not come: a lost message, not an error
         --waiting;
       }
     }
     if (!err.empty() || waiting == 0) break;
     if (std::chrono::steady_clock::now() >= deadline) {
-      for (size_t j = 0; j < k; ++j) {
+      for (size_t j = 0; j < k && err.empty(); ++j) {
         if (st[j] != 2) continue;
         const std::string stray = t.Stray(flight.recv_from[j]);
         err = "timed out after " + std::to_string(flight.timeout.count()) + " ms waiting for " +
               t.Peer(flight.recv_from[j]) + " (JAXCC_TIMEOUT_S sets the limit)" +
               (stray.empty() ? "" : "; it sent " + stray);
-        break;
       }
       break;
     }
     t.Wait(events, deadline);
   }
-  TcpAddBlocked(std::chrono::steady_clock::now() - start);
-  if (!err.empty()) {
-    t.Fail(err);
-    return ffi::Error::Internal(what + ": " + err);
+  if (!err.empty()) t.Fail(err);
+  return err;
+}
+
+ffi::Error DoneImpl(ffi::Buffer<ffi::S32> handles, ffi::AnyBuffer,
+                    ffi::Result<ffi::AnyBuffer> received,
+                    ffi::Result<ffi::Buffer<ffi::S32>> status,
+                    ffi::Result<ffi::Buffer<ffi::S32>> lost) {
+  const auto start = std::chrono::steady_clock::now();
+  const size_t m = handles.element_count();
+  std::vector<InFlight> flights(m);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (size_t i = 0; i < m; ++i) {
+      auto it = g_in_flight.find(handles.typed_data()[i]);
+      if (it == g_in_flight.end()) {
+        return ffi::Error::InvalidArgument("jaxcc gossip exchange: no exchange in flight has "
+                                           "handle " + std::to_string(handles.typed_data()[i]));
+      }
+      flights[i] = std::move(it->second);
+      g_in_flight.erase(it);
+    }
   }
+  const size_t k = m ? flights[0].recv_from.size() : 0;
+  if (m && status->element_count() != m * k) {
+    return ffi::Error::InvalidArgument("jaxcc gossip exchange: " + std::to_string(m) +
+                                       " exchanges of " + std::to_string(k) + " slots for " +
+                                       std::to_string(status->element_count()) + " statuses");
+  }
+  const size_t row_bytes = m * k ? received->size_bytes() / (m * k) : 0;
+  const size_t itemsize = ffi::ByteWidth(received->element_type());
+  char* out = static_cast<char*>(received->untyped_data());
+  std::string err;
+  for (size_t i = 0; i < m && err.empty(); ++i) {
+    err = Finish(flights[i], out + i * k * row_bytes, row_bytes, itemsize,
+                 status->typed_data() + i * k);
+    if (!err.empty()) {
+      err = "jaxcc gossip exchange (op " + std::to_string(flights[i].op_id) + "): " + err;
+    }
+  }
+  TcpAddBlocked(std::chrono::steady_clock::now() - start);
+  if (!err.empty()) return ffi::Error::Internal(err);
   int32_t* l = lost->typed_data();
   for (size_t r = 0; r < lost->element_count(); ++r) {
-    l[r] = t.Lost(static_cast<int>(r)).empty() ? 0 : 1;
+    l[r] = m && !flights[0].transport->Lost(static_cast<int>(r)).empty() ? 1 : 0;
   }
   return ffi::Error::Success();
 }
@@ -232,12 +253,11 @@ ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle_buf, ffi::Result<ff
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccExchangeStart, jaxcc::StartImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Token>()               // program order in
                                   .Arg<ffi::AnyBuffer>()           // x: this rank's flat vector
                                   .Arg<ffi::Buffer<ffi::S32>>()    // send_to (k)
                                   .Arg<ffi::Buffer<ffi::S32>>()    // recv_from (k)
                                   .Arg<ffi::Buffer<ffi::S32>>()    // rank along the axis
-                                  .Ret<ffi::Token>()               // program order out
+                                  .Arg<ffi::AnyBuffer>()           // after: ordering only
                                   .Ret<ffi::Buffer<ffi::S32>>()    // handle
                                   .Attr<int64_t>("nranks")
                                   .Attr<int64_t>("op_id")
@@ -249,9 +269,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccExchangeStart, jaxcc::StartImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxccExchangeDone, jaxcc::DoneImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Token>()               // program order in
-                                  .Arg<ffi::Buffer<ffi::S32>>()    // handle
-                                  .Ret<ffi::Token>()               // program order out
-                                  .Ret<ffi::AnyBuffer>()           // received (k x n)
-                                  .Ret<ffi::Buffer<ffi::S32>>()    // status (k)
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // handles (m)
+                                  .Arg<ffi::AnyBuffer>()           // after: ordering only
+                                  .Ret<ffi::AnyBuffer>()           // received (m x k x n)
+                                  .Ret<ffi::Buffer<ffi::S32>>()    // status (m x k)
                                   .Ret<ffi::Buffer<ffi::S32>>());  // lost (nranks)

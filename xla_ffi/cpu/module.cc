@@ -114,6 +114,17 @@ NB_MODULE(_jaxcc_cpu, m) {
       },
       nb::arg("process"), nb::arg("tag"), nb::arg("max_bytes"), nb::arg("timeout_s"),
       "Waits for `process`'s host message `tag` (at most max_bytes) and returns it.");
+  m.def(
+      "tcp_flush",
+      [](double timeout_s) {
+        std::string err;
+        {
+          nb::gil_scoped_release release;
+          err = jaxcc::TcpFlush(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)));
+        }
+        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+      },
+      nb::arg("timeout_s"), "Waits until every queued frame has been written (before an exit).");
   m.def("tcp_blocked_ns", &jaxcc::TcpBlockedNs,
         "Nanoseconds this process' calls spent blocked on the network (Tcp collectives and "
         "gossip exchange waits).");

@@ -355,6 +355,27 @@ std::string TcpRecvBytes(int q, int64_t tag, uint64_t max_bytes,
   return err;
 }
 
+std::string TcpFlush(std::chrono::milliseconds timeout) {
+  tcp::Engine* e = tcp::Started();
+  if (!e) return "";
+  std::unique_lock<std::mutex> lock(e->mu);
+  int busy = -1;
+  auto drained = [&] {
+    for (size_t q = 0; q < e->conns.size(); ++q) {
+      const Conn& c = e->conns[q];
+      if (c.error.empty() && !c.queue.empty()) {
+        busy = static_cast<int>(q);
+        return false;
+      }
+    }
+    return true;
+  };
+  if (e->cv.wait_for(lock, timeout, drained)) return "";
+  return "timed out after " + std::to_string(timeout.count()) + " ms with " +
+         std::to_string(e->conns[busy].queue.size()) + " frames queued for process " +
+         std::to_string(busy);
+}
+
 void TcpAddBlocked(std::chrono::steady_clock::duration d) {
   g_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }

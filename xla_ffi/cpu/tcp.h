@@ -81,6 +81,11 @@ std::string TcpSendBytes(int q, int64_t tag, const std::string& data);
 std::string TcpRecvBytes(int q, int64_t tag, uint64_t max_bytes,
                          std::chrono::milliseconds timeout, std::string* out);
 
+// Waits up to `timeout` until every frame queued for a connection that is up
+// has been written (a process about to exit); fails naming a process whose
+// queue did not drain.
+std::string TcpFlush(std::chrono::milliseconds timeout);
+
 // Time this process' calls spent blocked on the network: whole Tcp
 // collectives, and the waits of exchange dones (exchange.cc).
 void TcpAddBlocked(std::chrono::steady_clock::duration d);
