@@ -184,6 +184,11 @@ def kv_set(key: str, value: str, overwrite: bool = False) -> None:
   _distributed.global_state.client.key_value_set(key, value, allow_overwrite=overwrite)
 
 
+def barrier(name: str, timeout_s: float) -> None:
+  """Wait until every process of the job reaches the barrier ``name`` (once per name)."""
+  _distributed.global_state.client.wait_at_barrier(name, int(timeout_s * 1000))
+
+
 def kv_try_get(key: str) -> str | None:
   """``key``'s value in the jax.distributed key-value store, None if no process set it."""
   try:

@@ -5,10 +5,10 @@ theirs, in the same program or a later one.
 posts a copy of this rank's flat ``x`` to each rank ``send_to[j]`` as the
 piece of slot j and returns a handle at once; the pieces travel on the
 transport's progress thread while the process computes, even across program
-executions. ``done(handles)`` waits, for each exchange, for the piece of slot
-j from each ``recv_from[j]`` and returns them as rows, a status per slot (1 arrived, 0
-none expected, -1 the peer's connection is lost: no piece, no error) and
-which ranks' processes are lost. A peer that is up but silent past
+executions. ``done(handles)`` waits, for each exchange, for the piece of
+slot j from each ``recv_from[j]`` and returns them as rows, a status per slot
+(``ARRIVED`` 1, 0 none expected, -1 the peer's connection is lost: no piece,
+no error) and which ranks' processes are lost. A peer that is up but silent past
 ``JAXCC_TIMEOUT_S`` fails ``done`` with an error that names it. Slots hold
 ranks or -1; sender and receiver of a pair use the same slot.
 
@@ -38,7 +38,7 @@ from jax import lax
 from jaxcc._src import compat, config, ffi, native_executor, tcp_bootstrap
 from jaxcc._src.bits import as_bits
 
-ARRIVED, NONE, LOST = 1, 0, -1
+ARRIVED = 1  # a slot's status when its piece came
 
 
 def start(x: jax.Array, send_to: jax.Array, recv_from: jax.Array, axis_name: str,
@@ -98,7 +98,8 @@ def _lower_start(x, send_to, recv_from, after, *, axes, group_axes, codec, platf
   return [_start_ffi_p.bind(
       bits, send_to, recv_from, lax.axis_index(axis_name).astype(jnp.int32), after,
       nranks=np.int64(nranks), op_id=np.int64(native_executor.next_op_id()),
-      digest=np.int64(int(digest[:15], 16)), procs=native_executor.ArrayAttr(np.ascontiguousarray(procs, np.int64)),
+      digest=np.int64(int(digest[:15], 16)),
+      procs=native_executor.ArrayAttr(np.ascontiguousarray(procs, np.int64)),
       codec=np.int64(native_executor.CODEC_IDS[codec]), dtype=np.int64(dtype_id),
       timeout_ms=np.int64(config.timeout_ms()))]
 

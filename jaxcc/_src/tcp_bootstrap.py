@@ -31,12 +31,13 @@ Socket policy: 4 MiB send and receive buffers (set on the listener too, so
 the window scale covers them), ``TCP_NODELAY`` and ``cubic`` congestion
 control per socket (skipped where the kernel lacks or forbids it), and
 keepalive: a peer whose host vanished without closing its connection is
-found lost within ``KEEPALIVE_BOUND_S`` (20 s: probes after 10 s idle, 5
-every 2 s) when the connection is idle, and within ``TCP_USER_TIMEOUT`` (30
+found lost within 20 s (probes after 10 s idle, 5 every 2 s) when the
+connection is idle, and within ``TCP_USER_TIMEOUT`` (30
 s) when data sent to it stays unacknowledged. A killed process' kernel closes
-its connections: the others find it lost at once. Pacing is set per call by the C++ transport from the topology.
-Every wait ends within ``JAXCC_TIMEOUT_S`` (default 300 s) with an error that
-names the missing process.
+its connections: the others find it lost at once. Pacing is set per call by
+the C++ transport from the topology. Every wait ends within
+``JAXCC_TIMEOUT_S`` (default 300 s) with an error that names the missing
+process.
 """
 
 from __future__ import annotations
@@ -69,7 +70,6 @@ _HELLO_BYTES = 8 + 8 + _NONCE + 32  # magic, (from, to), the connector's nonce, 
 _ACK_BYTES = 8 + 8 + 32  # magic, (from, to), HMAC-SHA256
 _BUFFER_BYTES = 4 << 20
 _KEEPALIVE = (10, 2, 5)  # idle seconds, seconds between probes, probes
-KEEPALIVE_BOUND_S = _KEEPALIVE[0] + _KEEPALIVE[1] * _KEEPALIVE[2]
 _USER_TIMEOUT_MS = 30_000
 _lock = threading.Lock()
 

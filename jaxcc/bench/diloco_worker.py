@@ -172,7 +172,9 @@ def main():
       record["failed"] = {"step": i, "time": time.time(), "error": str(e).splitlines()[0][:600]}
       jaxcc.recover()
       break
-    if i == first:  # it compiled: the training's clock starts after it
+    if i == first:  # it compiled: the training's clock starts after it, on every worker at once
+      if not job.incarnation:
+        compat.barrier(f"{_KV}/compiled", cfg.get("timeout_s", 300))
       record["start_time"] = time.time()
     record["wall"].append(time.perf_counter() - t0)
     record["blocked"].append((cpu.tcp_blocked_ns() - b0) * 1e-9)

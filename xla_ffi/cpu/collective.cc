@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "inprocess.h"
-#include "jaxcc/codec_ffi.h"
 #include "jaxcc/dataflow.h"
 #include "jaxcc/schedule.h"
 #include "jaxcc/transport.h"
@@ -96,19 +95,11 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
     err = "timeout_ms " + std::to_string(timeout_ms) + " must be > 0 and split_send_bytes " +
           std::to_string(split_send_bytes) + " >= 0";
   }
-  std::unique_ptr<HostPieceCodec> codec;
-  if (err.empty() && codec_id != 0) {
-    codec::DTypeId d;
-    ffi::Error bad = codec::CheckDType(what, dtype, &d);
-    if (!bad.success()) return bad;
-    if (codec_id != codec::kFixed && codec_id != codec::kEntropy) {
-      err = "unknown codec id " + std::to_string(codec_id);
-    } else {
-      codec.reset(new HostPieceCodec(static_cast<codec::CodecId>(codec_id), d,
-                                     static_cast<uint64_t>(split_send_bytes)));
-    }
-  }
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
+  std::unique_ptr<HostPieceCodec> codec;
+  ffi::Error bad = NewHostPieceCodec(what, codec_id, dtype,
+                                     static_cast<uint64_t>(split_send_bytes), &codec);
+  if (!bad.success()) return bad;
 
   const std::chrono::milliseconds timeout(timeout_ms);
   HostKernels kernels(dtype);

@@ -34,7 +34,6 @@
 #include <utility>
 #include <vector>
 
-#include "jaxcc/codec_ffi.h"
 #include "piece_codec.h"
 #include "tcp.h"
 #include "xla/ffi/api/ffi.h"
@@ -90,19 +89,11 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
   if (err.empty() && timeout_ms <= 0) err = "timeout_ms must be > 0";
   InFlight flight{nullptr, nullptr, std::vector<int>(recvs.begin(), recvs.end()), op_id,
                   std::chrono::milliseconds(timeout_ms)};
-  if (err.empty() && codec_id != 0) {
-    const ffi::DataType dtype =
-        dtype_id ? static_cast<ffi::DataType>(dtype_id) : x.element_type();
-    codec::DTypeId d;
-    ffi::Error bad = codec::CheckDType(what, dtype, &d);
-    if (!bad.success()) return bad;
-    if (codec_id != codec::kFixed && codec_id != codec::kEntropy) {
-      err = "unknown codec id " + std::to_string(codec_id);
-    } else {
-      flight.codec.reset(new HostPieceCodec(static_cast<codec::CodecId>(codec_id), d, 0));
-    }
-  }
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
+  ffi::Error bad = NewHostPieceCodec(
+      what, codec_id, dtype_id ? static_cast<ffi::DataType>(dtype_id) : x.element_type(), 0,
+      &flight.codec);
+  if (!bad.success()) return bad;
 
   TcpReceives receives;
   receives.encoded = flight.codec != nullptr;

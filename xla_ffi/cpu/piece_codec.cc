@@ -158,4 +158,20 @@ std::string HostPieceCodec::DecodeReduce(const char* const* in, const uint64_t* 
   return "";
 }
 
+xla::ffi::Error NewHostPieceCodec(const std::string& what, int64_t codec_id,
+                                  xla::ffi::DataType dtype, uint64_t split_bytes,
+                                  std::unique_ptr<HostPieceCodec>* out) {
+  out->reset();
+  if (codec_id == 0) return xla::ffi::Error::Success();
+  codec::DTypeId d;
+  xla::ffi::Error bad = codec::CheckDType(what, dtype, &d);
+  if (!bad.success()) return bad;
+  if (codec_id != codec::kFixed && codec_id != codec::kEntropy) {
+    return xla::ffi::Error::InvalidArgument(what + ": unknown codec id " +
+                                            std::to_string(codec_id));
+  }
+  out->reset(new HostPieceCodec(static_cast<codec::CodecId>(codec_id), d, split_bytes));
+  return xla::ffi::Error::Success();
+}
+
 }  // namespace jaxcc

@@ -18,11 +18,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "jaxcc/codec.h"
 #include "jaxcc/dataflow.h"
+#include "xla/ffi/api/ffi.h"
 
 namespace jaxcc {
 
@@ -53,6 +55,13 @@ class HostPieceCodec final : public PieceCodec {
   std::vector<uint8_t> exponents_;           // SendSplit's exponent plane
   std::vector<std::vector<char>> segments_;  // DecodeReduce's decoded segments
 };
+
+// The codec `codec_id` names for pieces of `dtype` into *out (0: none, *out
+// stays empty); an unknown codec or a type no codec takes is an error that
+// starts with `what`.
+xla::ffi::Error NewHostPieceCodec(const std::string& what, int64_t codec_id,
+                                  xla::ffi::DataType dtype, uint64_t split_bytes,
+                                  std::unique_ptr<HostPieceCodec>* out);
 
 }  // namespace jaxcc
 
