@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from jaxcc.optim._gossip import fragments
+from jaxcc.optim._graphs import fragments
 
 METHODS = ("local", "data_parallel", "diloco", "gossip_b0", "gossip_b1")
 OVERLAP_DROP = 0.999  # the overlap's run without mixing: gossip_b0 with its messages dropped

@@ -10,9 +10,9 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from jaxcc.optim._diloco import check_outer, move_to, on_worker, outer_step
 from jaxcc._src import compat
-from jaxcc.optim._graphs import check_graph, phases
+from jaxcc.optim._diloco import check_outer, move_to, on_worker, outer_step
+from jaxcc.optim._graphs import check_graph, fragments, phases
 from jaxcc.optim._mixing import Mixer
 
 
@@ -96,7 +96,7 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
   and cannot go on without a member: a lost worker fails it, naming it.
 
   Communication per worker per round (N bytes of parameters, p peers):
-  ``p N`` overlapped bytes as H messages of ``N/H`` per peer, and
+  ``p N`` overlapped bytes as F = ceil(H / 2) messages of ``N/F`` per peer, and
   ``blocking_rounds p N`` blocking bytes in ``blocking_rounds p`` messages;
   "complete" all-reduces instead (``2(n-1)/n`` of those bytes). See
   ``gossip_round_cost``.
@@ -209,11 +209,6 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
     return updates, GossipDiLoCoState(state.count + 1, anchor, momentum, buffer, live, handles)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def fragments(sync_every: int) -> int:
-  """How many fragments of the anchor a round of ``sync_every`` inner steps sends: ceil(H / 2)."""
-  return -(-sync_every // 2)
 
 
 def _bound_size(axis_name: str) -> int:

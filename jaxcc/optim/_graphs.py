@@ -95,13 +95,22 @@ def diloco_round_cost(params, axis_size: int) -> RoundCost:
   return RoundCost(0.0, _all_reduce_bytes(nbytes, axis_size), 0, 2 * (axis_size - 1))
 
 
+def fragments(sync_every: int) -> int:
+  """The fragments of the anchor that a round of H = ``sync_every`` inner steps sends: ceil(H/2).
+
+  Inner step f < F sends fragment f; the other H - F steps are the slack
+  in which the last one arrives.
+  """
+  return -(-sync_every // 2)
+
+
 def gossip_round_cost(params, axis_size: int, graph: str, blocking_rounds: int,
                       sync_every: int) -> RoundCost:
   """Gossip DiLoCo's round: the overlapped anchor mix and ``blocking_rounds`` mixes.
 
-  The anchor (N bytes) is sent as ``sync_every`` fragments of
-  ``ceil(N / sync_every)`` elements, one per inner step, to each peer of the
-  round; each blocking mix sends the N-byte pseudo-gradient once to each peer.
+  The anchor (N bytes) is sent as F = ``fragments(sync_every)`` fragments of
+  ``ceil(N / F)`` elements, one per inner step of the first F, to each peer of
+  the round; each blocking mix sends the N-byte pseudo-gradient once to each peer.
   Peers per round: 1 for "one_peer_exponential", 2 for "ring" (1 if n = 2),
   ``ceil(log2 n)`` for "exponential". "complete" runs ring all-reduces instead
   (``2(n-1)/n`` of the bytes each, ``2(n-1)`` steps).
@@ -116,14 +125,15 @@ def gossip_round_cost(params, axis_size: int, graph: str, blocking_rounds: int,
   check_graph("jaxcc.optim.gossip_round_cost", graph)
   n, leaves = axis_size, jax.tree.leaves(params)
   size, itemsize = sum(math.prod(x.shape) for x in leaves), _itemsize(leaves)
-  padded = -(-size // sync_every) * sync_every * itemsize
+  frags = fragments(sync_every)
+  padded = -(-size // frags) * frags * itemsize
   if graph == "complete":
     steps = 2 * (n - 1)
     return RoundCost(_all_reduce_bytes(padded, n), blocking_rounds * _all_reduce_bytes(
-        size * itemsize, n), sync_every * steps, blocking_rounds * steps)
+        size * itemsize, n), frags * steps, blocking_rounds * steps)
   peers = len(phases(graph, n)[0])
   return RoundCost(float(peers * padded), float(blocking_rounds * peers * size * itemsize),
-                   sync_every * peers, blocking_rounds * peers)
+                   frags * peers, blocking_rounds * peers)
 
 
 def _all_reduce_bytes(nbytes: int, n: int) -> float:

@@ -46,12 +46,12 @@ def test_round_costs_by_hand():
   params = {"w": jax.ShapeDtypeStruct((10, 10), np.float32),
             "b": jax.ShapeDtypeStruct((3,), np.float32)}  # 103 floats, 412 bytes
   assert diloco_round_cost(params, 8) == RoundCost(0, 2 * 7 / 8 * 412, 0, 14)
-  # H = 10 fragments of ceil(103 / 10) = 11 floats: 440 bytes per peer.
-  assert gossip_round_cost(params, 8, "one_peer_exponential", 1, 10) == RoundCost(440, 412, 10, 1)
-  assert gossip_round_cost(params, 8, "ring", 2, 10) == RoundCost(880, 1648, 20, 4)
-  assert gossip_round_cost(params, 8, "exponential", 0, 10) == RoundCost(1320, 0, 30, 0)
+  # H = 10: 5 fragments of ceil(103 / 5) = 21 floats, 420 bytes per peer.
+  assert gossip_round_cost(params, 8, "one_peer_exponential", 1, 10) == RoundCost(420, 412, 5, 1)
+  assert gossip_round_cost(params, 8, "ring", 2, 10) == RoundCost(840, 1648, 10, 4)
+  assert gossip_round_cost(params, 8, "exponential", 0, 10) == RoundCost(1260, 0, 15, 0)
   assert gossip_round_cost(params, 8, "complete", 1, 10) == RoundCost(
-      1.75 * 440, 1.75 * 412, 140, 14)
+      1.75 * 420, 1.75 * 412, 70, 14)
 
 
 def test_unknown_graph_names_the_choices():
