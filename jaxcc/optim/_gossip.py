@@ -169,8 +169,8 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
 
     # The overlapped mix: fragment f of this round's anchor, sent at step f.
     flat_anchor, unravel = ravel_pytree(anchor)
-    fragments = jnp.pad(flat_anchor, (0, buffer.size - flat_anchor.size)).reshape(buffer.shape)
-    fragment = lambda f: lax.dynamic_index_in_dim(fragments, f, keepdims=False)  # noqa: E731
+    pieces = jnp.pad(flat_anchor, (0, buffer.size - flat_anchor.size)).reshape(buffer.shape)
+    fragment = lambda f: lax.dynamic_index_in_dim(pieces, f, keepdims=False)  # noqa: E731
     if mixer.native:
       handles = lax.cond(
           h < frags, lambda: handles.at[h].set(mixer.start(fragment(h), t, 0, phase, live)),
@@ -184,7 +184,8 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
 
     def sync(buffer, live):
       if mixer.native:  # every fragment, once this step's update is computed
-        after = sum(leaf.reshape(-1)[0].astype(jnp.float32) for leaf in jax.tree.leaves(updates))
+        after = sum((leaf.reshape(-1)[0].astype(jnp.float32)
+                     for leaf in jax.tree.leaves(updates) if leaf.size), jnp.zeros([]))
         buffer, got, lost = mixer.done(handles, buffer[0], after)
         arrived, live = jnp.all(got, axis=0), live & ~lost
       else:  # within one process every fragment of a round arrives or none does
