@@ -105,7 +105,7 @@ def main():
   gossip = method.startswith("gossip")
 
   def outer(params, state):
-    return jaxcc.optim.outer_params(state) if method in ("diloco",) or gossip else params
+    return jaxcc.optim.outer_params(state) if method == "diloco" or gossip else params
 
   def set_live(state, rank):
     def fix(s):
@@ -132,6 +132,7 @@ def main():
     leaves, treedef = jax.tree.flatten((params, state))
     params, state = jax.tree.unflatten(treedef, [to_global(got[f"a{i}"])
                                                  for i in range(len(leaves))])
+    # Process 0's count of each call site (its rank is 0), as this rank's.
     cpu.tcp_set_instances([(int(o), int(g), me, int(c)) for o, g, r, c in got["instances"]
                            if r == 0])
     first = t_join * every
