@@ -52,7 +52,7 @@ struct InFlight {
 };
 
 std::mutex g_mu;
-int32_t g_next_handle = 0;
+uint32_t g_next_handle = 0;  // handles wrap within int32's positive range
 std::map<int32_t, InFlight> g_in_flight;
 
 std::string CheckSlots(ffi::Span<const int32_t> slots, const char* name, int64_t nranks,
@@ -129,7 +129,7 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
     return ffi::Error::Internal(what + ", rank " + std::to_string(rank) + ": " + err);
   }
   std::lock_guard<std::mutex> lock(g_mu);
-  const int32_t h = g_next_handle++ & 0x7fffffff;
+  const int32_t h = static_cast<int32_t>(g_next_handle++ & 0x7fffffffu);
   g_in_flight.emplace(h, std::move(flight));
   handle->typed_data()[0] = h;
   return ffi::Error::Success();
