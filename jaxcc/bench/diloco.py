@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 
 import numpy as np
 
@@ -39,7 +38,6 @@ def run_method(cluster, cfg: dict, respawn=()) -> dict:
   out = tempfile.mkdtemp(prefix="jaxcc-diloco-")
   cfg = dict(cfg, out=out)
   before = [cluster.bytes(i)[0] for i in range(cluster.n)] if cluster else None
-  started = time.time()
   procs = launch(_WORKER, [json.dumps(cfg)], cluster=cluster, nproc=None if cluster else
                  cfg["workers"], respawn=respawn, timeout_s=cfg.get("job_timeout_s", 1800),
                  env={"JAXCC_TIMEOUT_S": str(cfg.get("timeout_s", 60))})
@@ -49,8 +47,7 @@ def run_method(cluster, cfg: dict, respawn=()) -> dict:
   if os.path.exists(os.path.join(out, "killed.json")):
     with open(os.path.join(out, "killed.json")) as f:
       killed = json.load(f)
-  return {"records": records, "bytes_sent": sent, "dir": out, "killed": killed,
-          "started": started}
+  return {"records": records, "bytes_sent": sent, "dir": out, "killed": killed}
 
 
 def evaluate(run: dict, cfg: dict) -> dict:

@@ -137,7 +137,6 @@ def main():
                            if r == 0])
     first = t_join * every
     record["rejoined_at_round"] = t_join
-    record["rejoined_time"] = time.time()
   t_join = None
   for i in range(first, steps):
     r, h = divmod(i, every)

@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -35,6 +36,15 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccExchangeDone);
 
 namespace {
 
+// A transport call's error as a Python RuntimeError; nothing if it is empty.
+void Raise(const std::string& err) {
+  if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+}
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3));
+}
+
 // Every target of this module. Add new handlers here.
 constexpr jaxcc::Target kTargets[] = {
     {"jaxcc_reduce", JaxccReduce},
@@ -58,8 +68,7 @@ NB_MODULE(_jaxcc_cpu, m) {
       [](int process, std::vector<int> fds, std::vector<nb::bytes> keys, bool integrity) {
         std::vector<std::string> key_bytes;
         for (const nb::bytes& k : keys) key_bytes.emplace_back(k.c_str(), k.size());
-        const std::string err = jaxcc::TcpStart(process, fds, key_bytes, integrity);
-        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+        Raise(jaxcc::TcpStart(process, fds, key_bytes, integrity));
       },
       nb::arg("process"), nb::arg("fds"), nb::arg("keys"), nb::arg("integrity"),
       "Starts the TCP transport as `process` over authenticated sockets: fds[q] to process q, "
@@ -68,9 +77,7 @@ NB_MODULE(_jaxcc_cpu, m) {
   m.def(
       "tcp_rejoin",
       [](int process, int fd, nb::bytes key) {
-        const std::string err =
-            jaxcc::TcpRejoin(process, fd, std::string(key.c_str(), key.size()));
-        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+        Raise(jaxcc::TcpRejoin(process, fd, std::string(key.c_str(), key.size())));
       },
       nb::arg("process"), nb::arg("fd"), nb::arg("key"),
       "Replaces the connection to `process` by the authenticated socket fd with its key. Takes "
@@ -93,9 +100,7 @@ NB_MODULE(_jaxcc_cpu, m) {
   m.def(
       "tcp_send_bytes",
       [](int process, int64_t tag, nb::bytes data) {
-        const std::string err =
-            jaxcc::TcpSendBytes(process, tag, std::string(data.c_str(), data.size()));
-        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+        Raise(jaxcc::TcpSendBytes(process, tag, std::string(data.c_str(), data.size())));
       },
       nb::arg("process"), nb::arg("tag"), nb::arg("data"),
       "Queues `data` for `process` as the host message `tag` (returns at once).");
@@ -105,11 +110,9 @@ NB_MODULE(_jaxcc_cpu, m) {
         std::string out, err;
         {
           nb::gil_scoped_release release;
-          err = jaxcc::TcpRecvBytes(
-              process, tag, max_bytes,
-              std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)), &out);
+          err = jaxcc::TcpRecvBytes(process, tag, max_bytes, Millis(timeout_s), &out);
         }
-        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+        Raise(err);
         return nb::bytes(out.data(), out.size());
       },
       nb::arg("process"), nb::arg("tag"), nb::arg("max_bytes"), nb::arg("timeout_s"),
@@ -120,9 +123,9 @@ NB_MODULE(_jaxcc_cpu, m) {
         std::string err;
         {
           nb::gil_scoped_release release;
-          err = jaxcc::TcpFlush(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)));
+          err = jaxcc::TcpFlush(Millis(timeout_s));
         }
-        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+        Raise(err);
       },
       nb::arg("timeout_s"), "Waits until every queued frame has been written (before an exit).");
   m.def("tcp_blocked_ns", &jaxcc::TcpBlockedNs,
@@ -157,7 +160,7 @@ NB_MODULE(_jaxcc_cpu, m) {
           err = pc.Encode(x.c_str(), n, out.data(), &bytes);
           out.resize(bytes);
         }
-        if (!err.empty()) throw std::runtime_error("jaxcc: " + err);
+        Raise(err);
         return nb::bytes(out.data(), out.size());
       },
       nb::arg("codec"), nb::arg("dtype"), nb::arg("x"), nb::arg("split"),
