@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from jaxcc._src import compat, config, ffi, native_executor, tcp_bootstrap
-from jaxcc._src.bits import as_bits
+from jaxcc._src.bits import as_bits, word_of
 
 ARRIVED = 1  # a slot's status when its piece came
 
@@ -66,12 +66,12 @@ def done(handles: jax.Array, like: jax.Array, slots: int, nranks: int,
     The pieces ``(m, slots, n)`` like ``like`` (flat, n elements), the status
     of each slot ``(m, slots)`` and which ranks' processes are lost ``(nranks,)``.
   """
-  bits = as_bits(jnp.zeros((0,), like.dtype)).dtype
+  bits = word_of(like.dtype)
   after = jnp.zeros((), jnp.float32) if after is None else after
   axes = tuple(compat.varying_axes(jax.typeof(handles))) if compat.check_vma() else ()
   got, status, lost = _done_p.bind(handles, compat.make_varying(after, axes) if axes else after,
                                    shape=(handles.shape[0], slots, like.size),
-                                   dtype=np.dtype(bits), nranks=nranks)
+                                   dtype=bits, nranks=nranks)
   if got.dtype != like.dtype:
     got = lax.bitcast_convert_type(got, like.dtype)
   return got, status, lost
@@ -91,8 +91,6 @@ def _lower_start(x, send_to, recv_from, after, *, axes, group_axes, codec, platf
     procs = np.full(nranks, jax.process_index(), np.int64)
   tcp_bootstrap.ensure_started()
   bits = as_bits(x)
-  dtype_id = native_executor.FFI_FLOAT_TYPES.get(np.dtype(x.dtype), 0) if bits.dtype != x.dtype \
-      else 0
   digest = hashlib.sha256(f"{x.size}/{np.dtype(x.dtype).name}/{codec}".encode()).hexdigest()
   ffi.load()
   return [_start_ffi_p.bind(
@@ -100,7 +98,8 @@ def _lower_start(x, send_to, recv_from, after, *, axes, group_axes, codec, platf
       nranks=np.int64(nranks), op_id=np.int64(native_executor.next_op_id()),
       digest=np.int64(int(digest[:15], 16)),
       procs=native_executor.ArrayAttr(np.ascontiguousarray(procs, np.int64)),
-      codec=np.int64(native_executor.CODEC_IDS[codec]), dtype=np.int64(dtype_id),
+      codec=np.int64(native_executor.CODEC_IDS[codec]),
+      dtype=np.int64(native_executor.bits_type_id(x.dtype)),
       timeout_ms=np.int64(config.timeout_ms()))]
 
 

@@ -45,9 +45,15 @@ _op_ids = itertools.count(1)
 # The codec ids of xla_ffi/include/jaxcc/codec.h; 0: raw pieces.
 CODEC_IDS = {None: 0, **reference.CODEC_IDS}
 # XLA_FFI_DataType of the floats the CPU handler takes as bits.
-FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
+_FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
 _NONE = np.zeros((0,), np.int64)  # no process map / no pacing
 _NONE.setflags(write=False)
+
+
+def bits_type_id(dtype) -> int:
+  """The handler's ``dtype`` attribute for ``dtype``: the FFI type of a float that travels as
+  its bits (``bits.as_bits``), 0 for one that travels as itself."""
+  return _FFI_FLOAT_TYPES.get(np.dtype(dtype), 0)
 
 
 def next_op_id() -> int:
@@ -80,7 +86,7 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
   pacing = pacing_rates(schedule, topology) if len(procs) and topology is not None else _NONE
   # 16-bit floats go in and out as their bits (jaxcc._src.bits); the handler's `dtype` names them.
   bits = as_bits(buf)
-  dtype_id = FFI_FLOAT_TYPES[np.dtype(buf.dtype)] if bits.dtype != buf.dtype else 0
+  dtype_id = bits_type_id(buf.dtype)
   out = _collective_call(bits, schedule, axis_name, group_axes,
                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing,
                          codec=np.int64(CODEC_IDS[codec]), dtype=np.int64(dtype_id),
