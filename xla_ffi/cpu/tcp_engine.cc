@@ -740,7 +740,10 @@ std::string TcpRejoin(int q, int fd, const std::string& key) {
   std::unique_lock<std::mutex> lock(e->mu);
   const uint64_t ticket = e->Rejoin(q, fd, key);
   // Returns once the progress thread uses the new connection: later calls send on it.
-  e->cv.wait(lock, [&] { return e->rejoined >= ticket; });
+  if (!e->cv.wait_for(lock, tcp::kRejoinWait, [&] { return e->rejoined >= ticket; })) {
+    return "the progress thread did not take the new connection to process " +
+           std::to_string(q) + " within " + std::to_string(tcp::kRejoinWait.count()) + " s";
+  }
   return "";
 }
 

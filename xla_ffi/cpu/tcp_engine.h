@@ -16,6 +16,7 @@
 #ifndef JAXCC_CPU_TCP_ENGINE_H_
 #define JAXCC_CPU_TCP_ENGINE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +45,7 @@ constexpr uint64_t kUnpaced = ~uint64_t{0};
 constexpr uint64_t kMacBytes = 32;      // with integrity: HMAC-SHA256 after each frame
 constexpr uint64_t kMaxAbortText = 1 << 16;
 constexpr uint64_t kPendingBytes = uint64_t{1} << 30;
+constexpr std::chrono::seconds kRejoinWait{30};  // TcpRejoin's wait for the progress thread
 constexpr int64_t kHostOp = -1;  // the op id of host messages (TcpSendBytes); call sites are > 0
 
 struct WireHeader {
