@@ -23,14 +23,14 @@ def weighted_direct(collective: str, length: int, p: int, itemsize: int, chunks:
   grid = piece_grid(shard_bounds, chunks)
   rs = collective in ("all_reduce", "reduce_scatter")
   ag = collective in ("all_reduce", "all_gather")
-  for c in range(chunks):
-    for k in range(1, p):  # round k: rank i sends to i + k, so no port gets two at once
-      for owner in range(p):
-        lo, hi = grid[owner, c]
-        if rs:
-          tb.add(2 * c, (owner - k) % p, owner, lo, lo, hi - lo, REDUCE)
-        if ag:
-          tb.add(2 * c + 1, owner, (owner + k) % p, lo, lo, hi - lo, COPY)
+  # Round k: rank i sends to i + k, so no port gets two at once.
+  c, k, owner = (np.arange(chunks)[:, None, None], np.arange(1, p)[None, :, None],
+                 np.arange(p)[None, None, :])
+  lo, hi = np.moveaxis(grid[owner, c], -1, 0)
+  if rs:
+    tb.add_rows(2 * c, (owner - k) % p, owner, lo, lo, hi - lo, REDUCE)
+  if ag:
+    tb.add_rows(2 * c + 1, owner, (owner + k) % p, lo, lo, hi - lo, COPY)
   return tb.build(collective, p, length, itemsize, algorithm, chunks=chunks)
 
 
@@ -47,6 +47,5 @@ def direct(collective: str, length: int, p: int, itemsize: int, chunks: int) -> 
 def direct_broadcast(length: int, p: int, itemsize: int, root: int) -> Schedule:
   """The root sends the whole buffer to every rank: ``(p-1) N`` bytes from the root, 1 step."""
   tb = TableBuilder()
-  for k in range(1, p):
-    tb.add(0, root, (root + k) % p, 0, 0, length, COPY)
+  tb.add_rows(0, root, (root + np.arange(1, p)) % p, 0, 0, length, COPY)
   return tb.build("broadcast", p, length, itemsize, "direct", root=root)

@@ -124,8 +124,11 @@ class Schedule:
                        f"got {self.collective!r}")
     object.__setattr__(self, "perm", tuple((int(s), int(d)) for s, d in self.perm))
     table = np.asarray(self.table, dtype=np.int64).reshape(-1, NUM_COLUMNS)
-    order = np.argsort(table[:, STEP], kind="stable")
-    table = np.ascontiguousarray(table[order])
+    # Sorted by step (stably), in a copy of its own.
+    if (np.diff(table[:, STEP]) < 0).any():
+      table = np.ascontiguousarray(table[np.argsort(table[:, STEP], kind="stable")])
+    else:
+      table = np.array(table, order="C")
     table.setflags(write=False)
     object.__setattr__(self, "table", table)
 
@@ -210,9 +213,11 @@ class Schedule:
 
 
 class TableBuilder:
-  """Collects transfers step by step; ``build`` returns the Schedule."""
+  """Collects transfers step by step (one at a time or as arrays); ``build`` returns the
+  Schedule. Rows keep the order they were added in; a transfer of length 0 is left out."""
 
   def __init__(self):
+    self._blocks: list[np.ndarray] = []
     self._rows: list[tuple[int, ...]] = []
 
   def add(self, step: int, src: int, dst: int, src_start: int, dst_start: int,
@@ -221,13 +226,30 @@ class TableBuilder:
       return
     self._rows.append((step, src, dst, src_start, dst_start, length, op))
 
+  def add_rows(self, step, src, dst, src_start, dst_start, length, op) -> None:
+    """Adds one transfer per element of the broadcast arrays, in C order."""
+    cols = np.broadcast_arrays(*(np.asarray(c, np.int64) for c in
+                                 (step, src, dst, src_start, dst_start, length, op)))
+    rows = np.stack([c.reshape(-1) for c in cols], axis=1)
+    self._flush()
+    self._blocks.append(rows[rows[:, LENGTH] > 0])
+
+  def _flush(self) -> None:
+    if self._rows:
+      self._blocks.append(np.array(self._rows, dtype=np.int64).reshape(-1, NUM_COLUMNS))
+      self._rows = []
+
   def build(self, collective: str, nranks: int, length: int, itemsize: int,
             algorithm: str, root: int = 0, chunks: int = 1,
             perm: tuple[tuple[int, int], ...] = ()) -> Schedule:
-    table = np.array(self._rows, dtype=np.int64).reshape(-1, NUM_COLUMNS)
+    self._flush()
+    table = (np.concatenate(self._blocks) if self._blocks
+             else np.zeros((0, NUM_COLUMNS), np.int64))
     # Renumber the steps so that none is empty.
-    used, table[:, STEP] = np.unique(table[:, STEP], return_inverse=True)
-    steps = len(used)
+    step = table[:, STEP] - (table[:, STEP].min() if len(table) else 0)
+    used = np.bincount(step) > 0
+    table[:, STEP] = (np.cumsum(used) - 1)[step]
+    steps = int(used.sum())
     return Schedule(collective=collective, nranks=nranks, length=length,
                     itemsize=itemsize, algorithm=algorithm, table=table,
                     num_steps=steps, root=root, chunks=chunks, perm=perm)

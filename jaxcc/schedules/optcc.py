@@ -54,27 +54,22 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
   shards = split_weighted(length, optimal_shares(bw))
   grid = piece_grid(shards, chunks)
   owns = np.diff(shards) > 0
-  slow_first = [int(r) for r in np.argsort(bw, kind="stable")]
-  owners = [r for r in slow_first if owns[r]]
-  leaves = [r for r in slow_first if not owns[r]]
-  m = len(owners)
+  slow_first = np.argsort(bw, kind="stable")
+  owners, leaves = slow_first[owns[slow_first]], slow_first[~owns[slow_first]]
+  m, num_leaves = len(owners), len(leaves)
   # Rows are in rounds: in round k owner i sends to owner i + k, and leaf l to owner
   # k + offset(l), so no port receives two pieces at once; a leaf gets its results
   # back in the order it sent its pieces.
-  leaf_order = [[owners[(k + l * m // max(len(leaves), 1)) % m] for k in range(m)]
-                for l in range(len(leaves))]
-  for c in range(chunks):
-    s1, s2, s4, s3 = 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3
-    for k in range(m):
-      for leaf, order in zip(leaves, leaf_order):
-        lo, hi = grid[order[k], c]
-        tb.add(s1, leaf, order[k], lo, lo, hi - lo, REDUCE)
-        tb.add(s4, order[k], leaf, lo, lo, hi - lo, COPY)
-    for k in range(1, m):
-      for i, src in enumerate(owners):
-        dst = owners[(i + k) % m]
-        lo, hi = grid[dst, c]
-        tb.add(s2, src, dst, lo, lo, hi - lo, REDUCE)
-        lo, hi = grid[src, c]
-        tb.add(s3, src, dst, lo, lo, hi - lo, COPY)
+  c = np.arange(chunks)[:, None, None]
+  k, l = np.arange(m)[None, :, None], np.arange(num_leaves)[None, None, :]
+  to = owners[(k + l * m // max(num_leaves, 1)) % m]
+  lo, hi = np.moveaxis(grid[to, c], -1, 0)
+  tb.add_rows(4 * c, leaves[l], to, lo, lo, hi - lo, REDUCE)        # S1
+  tb.add_rows(4 * c + 2, to, leaves[l], lo, lo, hi - lo, COPY)      # S4
+  k, i = np.arange(1, m)[None, :, None], np.arange(m)[None, None, :]
+  src, dst = owners[i], owners[(i + k) % m]
+  lo, hi = np.moveaxis(grid[dst, c], -1, 0)
+  tb.add_rows(4 * c + 1, src, dst, lo, lo, hi - lo, REDUCE)         # S2
+  lo, hi = np.moveaxis(grid[src, c], -1, 0)
+  tb.add_rows(4 * c + 3, src, dst, lo, lo, hi - lo, COPY)           # S3
   return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)

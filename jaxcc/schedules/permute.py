@@ -11,6 +11,8 @@ wire. Nothing is relayed.
 
 from __future__ import annotations
 
+import numpy as np
+
 from jaxcc.schedules.ir import COPY, Schedule, TableBuilder, split
 
 
@@ -26,8 +28,7 @@ def permute(perm: tuple[tuple[int, int], ...], length: int, p: int, itemsize: in
   moves = tuple((s, d) for s, d in perm if s != d)
   tb = TableBuilder()
   bounds = split(length, chunks)
-  for c in range(chunks):
-    lo, hi = int(bounds[c]), int(bounds[c + 1])
-    for s, d in moves:
-      tb.add(c, s, d, lo, length + lo, hi - lo, COPY)
+  lo, hi = bounds[:-1, None], bounds[1:, None]
+  src, dst = (np.array([pair[k] for pair in moves], np.int64).reshape(1, -1) for k in (0, 1))
+  tb.add_rows(np.arange(chunks)[:, None], src, dst, lo, length + lo, hi - lo, COPY)
   return tb.build("ppermute", p, 2 * length, itemsize, "direct", chunks=chunks, perm=moves)

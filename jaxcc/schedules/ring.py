@@ -17,34 +17,37 @@ from jaxcc.schedules.pieces import equal_shards, piece_grid
 
 
 def add_ring_reduce_scatter(tb: TableBuilder, grid: np.ndarray, order: Sequence[int],
-                            step0: int, stride: int, chunk: int) -> None:
+                            step0, stride: int, chunk) -> None:
   """Ring reduce-scatter of one chunk among ``order``; ``order[i]`` ends owning shard i.
 
   At step j, ``order[i]`` sends its partial sum of shard ``i - 1 - j`` to
   ``order[i + 1]``, which adds its own: ``m - 1`` steps of one piece per rank.
-  ``grid`` is the piece grid indexed by position in ``order``.
+  ``grid`` is the piece grid indexed by position in ``order``. ``step0`` and
+  ``chunk`` may be equal-length arrays: one ring per entry, in that order.
   """
-  m = len(order)
-  for j in range(m - 1):
-    for i in range(m):
-      shard = (i - 1 - j) % m
-      lo, hi = grid[shard, chunk]
-      tb.add(step0 + j * stride, order[i], order[(i + 1) % m], lo, lo, hi - lo, REDUCE)
+  _add_ring(tb, grid, order, step0, stride, chunk, 1, REDUCE)
 
 
 def add_ring_all_gather(tb: TableBuilder, grid: np.ndarray, order: Sequence[int],
-                        step0: int, stride: int, chunk: int) -> None:
+                        step0, stride: int, chunk) -> None:
   """Ring all-gather of one chunk among ``order``; ``order[i]`` starts with shard i.
 
   At step j, ``order[i]`` forwards shard ``i - j`` to ``order[i + 1]``:
-  ``m - 1`` steps of one piece per rank.
+  ``m - 1`` steps of one piece per rank. ``step0`` and ``chunk`` as in
+  ``add_ring_reduce_scatter``.
   """
+  _add_ring(tb, grid, order, step0, stride, chunk, 0, COPY)
+
+
+def _add_ring(tb, grid, order, step0, stride, chunk, lag, op) -> None:
+  """The rows of ring phases (chunk-major, then step j, then position i): position i sends
+  shard ``i - lag - j`` to position ``i + 1`` at step ``step0 + j * stride``."""
+  order = np.asarray(order, np.int64)
   m = len(order)
-  for j in range(m - 1):
-    for i in range(m):
-      shard = (i - j) % m
-      lo, hi = grid[shard, chunk]
-      tb.add(step0 + j * stride, order[i], order[(i + 1) % m], lo, lo, hi - lo, COPY)
+  step0, chunk = np.atleast_1d(step0)[:, None, None], np.atleast_1d(chunk)[:, None, None]
+  j, i = np.arange(m - 1)[None, :, None], np.arange(m)[None, None, :]
+  lo, hi = np.moveaxis(grid[(i - lag - j) % m, chunk], -1, 0)
+  tb.add_rows(step0 + j * stride, order[i], order[(i + 1) % m], lo, lo, hi - lo, op)
 
 
 def ring(collective: str, length: int, p: int, itemsize: int, chunks: int) -> Schedule:
@@ -60,12 +63,11 @@ def ring(collective: str, length: int, p: int, itemsize: int, chunks: int) -> Sc
   rs = collective in ("all_reduce", "reduce_scatter")
   ag = collective in ("all_reduce", "all_gather")
   per_chunk = (p - 1) * (int(rs) + int(ag))
-  for c in range(chunks):
-    base = c * per_chunk
-    if rs:
-      add_ring_reduce_scatter(tb, grid, order, base, 1, c)
-    if ag:
-      add_ring_all_gather(tb, grid, order, base + (p - 1) * int(rs), 1, c)
+  base = np.arange(chunks) * per_chunk
+  if rs:
+    add_ring_reduce_scatter(tb, grid, order, base, 1, np.arange(chunks))
+  if ag:
+    add_ring_all_gather(tb, grid, order, base + (p - 1) * int(rs), 1, np.arange(chunks))
   return tb.build(collective, p, length, itemsize, "ring", chunks=chunks)
 
 
@@ -76,9 +78,7 @@ def chain_broadcast(length: int, p: int, itemsize: int, chunks: int, root: int) 
   ``chunks + p - 2``: chunk c crosses hop h at step c + h.
   """
   tb = TableBuilder()
-  bounds = piece_grid(np.array([0, length]), chunks)[0]
-  for c in range(chunks):
-    lo, hi = bounds[c]
-    for h in range(p - 1):
-      tb.add(c + h, (root + h) % p, (root + h + 1) % p, lo, lo, hi - lo, COPY)
+  lo, hi = piece_grid(np.array([0, length]), chunks)[0].T[:, :, None]
+  c, h = np.arange(chunks)[:, None], np.arange(p - 1)[None, :]
+  tb.add_rows(c + h, (root + h) % p, (root + h + 1) % p, lo, lo, hi - lo, COPY)
   return tb.build("broadcast", p, length, itemsize, "ring", root=root, chunks=chunks)
