@@ -8,7 +8,7 @@ from jaxcc import Topology, plan
 from jaxcc.planner import ALGORITHMS, auto_algorithm, schedule
 from jaxcc.schedules import COPY, REDUCE, ScheduleError, choose_chunks, optimal_shares
 from jaxcc.schedules.depth import MAX_CHUNKS, MAX_MESSAGES, MIN_PIECE_BYTES
-from jaxcc.schedules.ir import HEADER_LEN, TABLE_MAGIC, TABLE_VERSION, read_table
+from jaxcc.schedules.ir import DST, HEADER_LEN, SRC, TABLE_MAGIC, TABLE_VERSION, read_table
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
@@ -94,6 +94,18 @@ def test_table_serialisation_and_transfers():
   assert wire.dtype == np.int64 and not wire.flags.writeable
   assert wire[:HEADER_LEN].tolist() == [TABLE_MAGIC, TABLE_VERSION, 7, 12]
   np.testing.assert_array_equal(read_table(wire, "api"), s.table)
+
+
+def test_serialized_for_holds_the_rows_its_ranks_send_or_receive():
+  s = plan("all_reduce", 4 * 1000, Topology.uniform(6, 1.0).with_straggler(2, 0.5), "optcc",
+           chunks=3)
+  assert s.serialized_for(range(6)) is s.serialized
+  for ranks in ([0], [2, 5], [1, 3, 4]):
+    rows = read_table(s.serialized_for(ranks), "api")
+    mine = np.isin(s.table[:, SRC], ranks) | np.isin(s.table[:, DST], ranks)
+    np.testing.assert_array_equal(rows, s.table[mine])
+    assert not s.serialized_for(ranks).flags.writeable
+  assert s.serialized_for([2, 5]) is s.serialized_for((5, 2))
 
 
 @pytest.mark.parametrize("edit, match", [

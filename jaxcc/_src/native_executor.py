@@ -1,6 +1,7 @@
 """The native executor: one ``jaxcc_collective`` FFI call runs a whole Schedule.
 
-The call gets the serialised schedule, this rank's position along the axis,
+The call gets the rows of the serialised schedule that the ranks of this
+process send or receive (``Schedule.serialized_for``), this rank's position along the axis,
 which instance of the axis it is in (a multi-axis mesh has one per
 coordinate of the other axes) and an op id naming the call site; the C++
 interpreter walks the steps over a transport and sums with the
@@ -87,7 +88,7 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
   # 16-bit floats go in and out as their bits (jaxcc._src.bits); the handler's `dtype` names them.
   bits = as_bits(buf)
   dtype_id = bits_type_id(buf.dtype)
-  out = _collective_call(bits, schedule, axis_name, group_axes,
+  out = _collective_call(bits, schedule, axis_name, group_axes, _local_ranks(procs, schedule),
                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing,
                          codec=np.int64(CODEC_IDS[codec]), dtype=np.int64(dtype_id),
                          split_send_bytes=np.int64(config.split_send_bytes()))
@@ -109,8 +110,9 @@ def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
   if mesh is None:
     return None
   key = nccl_bootstrap.ensure_comms(mesh, axis_name, group_axes)
-  return _collective_call(buf, schedule, axis_name, group_axes, procs=_NONE, pacing=_NONE,
-                          comm_key=np.int64(key))
+  ranks = _local_ranks(process_map(axis_name, group_axes), schedule)
+  return _collective_call(buf, schedule, axis_name, group_axes, ranks, procs=_NONE,
+                          pacing=_NONE, comm_key=np.int64(key))
 
 
 def _check_buffer(buf: jax.Array, schedule: Schedule) -> None:
@@ -119,8 +121,18 @@ def _check_buffer(buf: jax.Array, schedule: Schedule) -> None:
                      f"{schedule.length} elements")
 
 
-def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
-  """One ``jaxcc_collective`` call: this rank, its group, the schedule and ``attrs``."""
+def _local_ranks(procs: np.ndarray, schedule: Schedule) -> np.ndarray:
+  """The ranks of the axis that this process holds in some group (every rank when ``procs``,
+  ``process_map``'s answer, is empty)."""
+  if not len(procs):
+    return np.arange(schedule.nranks)
+  procs = np.asarray(procs).reshape(-1, schedule.nranks)
+  return np.flatnonzero((procs == jax.process_index()).any(axis=0))
+
+
+def _collective_call(buf, schedule, axis_name, group_axes, ranks, **attrs):
+  """One ``jaxcc_collective`` call: this rank, its group, the rows of the schedule that
+  ``ranks`` (the ranks of this process) send or receive, and ``attrs``."""
   ffi.load()
   rank = lax.axis_index(axis_name).astype(jnp.int32)
   group = jnp.int32(0)
@@ -129,7 +141,7 @@ def _collective_call(buf, schedule, axis_name, group_axes, **attrs):
   attrs = {k: ArrayAttr(v) if isinstance(v, np.ndarray) and v.ndim else v
            for k, v in attrs.items()}
   return collective_p.bind(
-      buf, rank, group, table=ArrayAttr(schedule.serialized),
+      buf, rank, group, table=ArrayAttr(schedule.serialized_for(ranks)),
       num_steps=np.int64(schedule.num_steps), nranks=np.int64(schedule.nranks),
       op_id=np.int64(next_op_id()), digest=np.int64(int(schedule.digest[:15], 16)),
       name=schedule.collective, timeout_ms=np.int64(config.timeout_ms()), **attrs)

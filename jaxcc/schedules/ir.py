@@ -36,7 +36,8 @@ ranks, ops, the per-step rules); ``jaxcc.sim.check`` proves the result.
 ``Schedule.serialized`` is the table as executors read it: a header
 (``TABLE_MAGIC``, ``TABLE_VERSION``, ``NUM_COLUMNS``, the number of rows), then
 the rows (``read_table`` checks it; ``xla_ffi/include/jaxcc/schedule.h`` reads
-the same layout).
+the same layout). ``Schedule.serialized_for(ranks)`` is that layout with only the
+rows that ``ranks`` send or receive: what a process passes for the ranks it holds.
 """
 
 from __future__ import annotations
@@ -159,6 +160,24 @@ class Schedule:
     out = np.concatenate([header, self.table.reshape(-1)])
     out.setflags(write=False)
     return out
+
+  def serialized_for(self, ranks) -> np.ndarray:
+    """``serialized`` cut to the rows that ``ranks`` send or receive: all that the executors
+    of those ranks read, so a program holding a few ranks carries their own transfers, not
+    the whole table (the same array as ``serialized`` when ``ranks`` holds every rank)."""
+    ranks = np.unique(np.asarray(ranks, np.int64))
+    if len(ranks) == self.nranks:
+      return self.serialized
+    cache = self.__dict__.setdefault("_serialized_for", {})
+    key = ranks.tobytes()
+    if key not in cache:
+      mine = np.zeros(self.nranks, bool)
+      mine[ranks] = True
+      rows = self.table[mine[self.table[:, SRC]] | mine[self.table[:, DST]]]
+      header = np.array([TABLE_MAGIC, TABLE_VERSION, NUM_COLUMNS, len(rows)], np.int64)
+      cache[key] = np.concatenate([header, rows.reshape(-1)])
+      cache[key].setflags(write=False)
+    return cache[key]
 
   def validate(self, api: str = "jaxcc.Schedule.validate") -> Schedule:
     """Checks the structural rules of the IR (once: a valid schedule stays valid).
