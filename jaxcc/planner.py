@@ -2,7 +2,8 @@
 
 It sits above the algorithms and the IR (``jaxcc.schedules``) and the
 simulator (``jaxcc.sim``): ``algorithm="auto"`` is the candidate of
-``AUTO_CANDIDATES`` with the smallest simulated time. ``schedule`` is the one
+``AUTO_CANDIDATES`` with the smallest ``price``: simulated for small tables,
+modelled in closed form for large ones. ``schedule`` is the one
 way to get a schedule; ``plan`` is it in bytes (the public ``jaxcc.plan``).
 Every error names ``api``, the public function the user called.
 """
@@ -20,6 +21,7 @@ from jaxcc.schedules.optcc import optcc
 from jaxcc.schedules.permute import permute
 from jaxcc.schedules.r2ccl import r2ccl
 from jaxcc.schedules.ring import chain_broadcast, ring
+from jaxcc.sim.model import model_time
 from jaxcc.topology import Topology
 
 ALGORITHMS = {
@@ -31,6 +33,8 @@ ALGORITHMS = {
 }
 # What "auto" chooses among: every algorithm but the baselines kept for comparison, and
 # "hierarchical" where the topology has several clusters (``candidates``).
+# "auto" simulates candidates of at most this many transfers; larger ones it models.
+SIMULATED_TRANSFERS = 1 << 16
 AUTO_CANDIDATES = {
     "all_reduce": ("ring", "direct", "optcc"),
     "reduce_scatter": ("ring", "direct"),
@@ -53,7 +57,7 @@ def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "aut
       it and the one received: ``2 nbytes``).
     topology: the ranks and their bandwidths.
     algorithm: one of ``ALGORITHMS[collective]``, or "auto" for the candidate
-      with the smallest simulated time.
+      with the smallest price (``price``).
     itemsize: bytes per element; ``nbytes`` must be a multiple of it.
     root: the source rank of a broadcast.
     chunks: pipeline depth; by default from the cost model (``choose_chunks``).
@@ -91,7 +95,7 @@ def schedule(collective: str, length: int, itemsize: int, topology: Topology, al
 def auto_algorithm(collective: str, length: int, itemsize: int, topology: Topology, *,
                    root: int = 0, perm=None, chunks: int | None = None,
                    api: str = "jaxcc.plan") -> str:
-  """The algorithm "auto" stands for: the candidate with the smallest simulated time.
+  """The algorithm "auto" stands for: the candidate with the smallest ``price``.
 
   The candidates (``candidates``) are priced at depth ``chunks`` (None: each
   at the depth ``choose_chunks`` picks, as the Tcp transport runs them); ties
@@ -157,21 +161,44 @@ def _arguments(collective, length, itemsize, topology, algorithm, root, chunks, 
   return root, chunks, perm
 
 
+def price(collective: str, length: int, itemsize: int, topology: Topology, algorithm: str, *,
+          root: int = 0, chunks: int, perm=()) -> float:
+  """The time "auto" ranks ``algorithm`` by, in seconds: simulated (``sim.simulate``) while
+  its table has at most ``SIMULATED_TRANSFERS`` rows or the topology has clusters, else
+  modelled in closed form (``sim.model.model_time``) without building the table."""
+  p = topology.size
+  if topology.cluster is None and _transfers(collective, algorithm, p, chunks) > SIMULATED_TRANSFERS:
+    return model_time(collective, algorithm, length * itemsize, topology, chunks, root=root,
+                      perm=perm or ())
+  sched = _build(collective, length, itemsize, topology, algorithm, root, chunks, perm)
+  return sim.simulate(sched, topology).time
+
+
+def _transfers(collective: str, algorithm: str, p: int, chunks: int) -> int:
+  """The rows of the schedule's table, about, without building it."""
+  if collective == "ppermute":
+    return p * chunks
+  if collective == "broadcast":
+    return (p - 1) * (chunks if algorithm == "ring" else 1)
+  return (2 if collective == "all_reduce" else 1) * p * (p - 1) * chunks
+
+
 def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> str:
-  for name in candidates(collective, topology):  # validated here, so errors name `api`
-    _build(collective, length, itemsize, topology, name, root, chunks, perm).validate(api)
+  names = candidates(collective, topology)
+  if len(names) == 1:
+    return names[0]
+  for name in names:  # what is simulated is built and validated here, so errors name `api`
+    if topology.cluster is not None or (_transfers(collective, name, topology.size, chunks)
+                                        <= SIMULATED_TRANSFERS):
+      _build(collective, length, itemsize, topology, name, root, chunks, perm).validate(api)
   return _cheapest(collective, length, itemsize, topology, root, chunks, perm)
 
 
 @functools.lru_cache(maxsize=256)
 def _cheapest(collective, length, itemsize, topology, root, chunks, perm) -> str:
-  best = None
-  for name in candidates(collective, topology):
-    sched = _build(collective, length, itemsize, topology, name, root, chunks, perm)
-    t = sim.simulate(sched, topology).time
-    if best is None or t < best[0]:
-      best = (t, name)
-  return best[1]
+  times = [price(collective, length, itemsize, topology, name, root=root, chunks=chunks,
+                 perm=perm) for name in candidates(collective, topology)]
+  return candidates(collective, topology)[times.index(min(times))]
 
 
 @functools.lru_cache(maxsize=256)

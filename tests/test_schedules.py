@@ -7,7 +7,7 @@ import jaxcc
 from jaxcc import Topology, plan
 from jaxcc.planner import ALGORITHMS, auto_algorithm, schedule
 from jaxcc.schedules import COPY, REDUCE, ScheduleError, choose_chunks, optimal_shares
-from jaxcc.schedules.depth import MAX_CHUNKS, MAX_MESSAGES, MIN_PIECE_BYTES
+from jaxcc.schedules.depth import MAX_CHUNKS, MAX_RANK_TRANSFERS, MIN_PIECE_BYTES
 from jaxcc.schedules.ir import DST, HEADER_LEN, SRC, TABLE_MAGIC, TABLE_VERSION, read_table
 
 
@@ -76,7 +76,10 @@ def test_choose_chunks():
   assert choose_chunks("all_reduce", 1000, 8) == 1
   assert choose_chunks("all_reduce", 8 * MIN_PIECE_BYTES * 4, 8) == 4
   assert choose_chunks("all_reduce", 1 << 40, 8) == MAX_CHUNKS
-  assert choose_chunks("all_reduce", 1 << 40, 64) == MAX_MESSAGES // (2 * 64 * 64)
+  # A rank's own transfers bound the depth (4 (p-1) per chunk), not the whole table's.
+  assert choose_chunks("all_reduce", 1 << 40, 64) == 256 <= MAX_RANK_TRANSFERS // (4 * 63)
+  assert choose_chunks("all_reduce", 1 << 40, 1024) == 16 <= MAX_RANK_TRANSFERS // (4 * 1023)
+  assert choose_chunks("reduce_scatter", 1 << 40, 1024) == 32
   assert choose_chunks("broadcast", MIN_PIECE_BYTES * 2, 8) == 2
 
 

@@ -43,7 +43,7 @@ from jaxcc import planner
 from jaxcc._src import (border_executor, compat, config, costs, native_executor,
                         nccl_bootstrap, xla_executor)
 from jaxcc._src.engines import Engine
-from jaxcc.sim import simulate
+from jaxcc.schedules.depth import choose_chunks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +248,8 @@ def _native_pays(collective: str, engine: Engine, params: dict, nbytes: int) -> 
   if equal_ports or collective == "ppermute":
     return False
   length = max(nbytes // 4, 1)
-  best = planner.schedule(collective, length, 4, topology, "auto")
-  ring = planner.schedule(collective, length, 4, topology, "ring")
-  return simulate(best, topology).time < costs.NCCL_MARGIN * simulate(ring, topology).time
+  best = planner.auto_algorithm(collective, length, 4, topology)
+  chunks = choose_chunks(collective, length * 4, topology.size)
+  return (planner.price(collective, length, 4, topology, best, chunks=chunks)
+          < costs.NCCL_MARGIN * planner.price(collective, length, 4, topology, "ring",
+                                              chunks=chunks))
