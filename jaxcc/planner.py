@@ -34,7 +34,7 @@ ALGORITHMS = {
 # What "auto" chooses among: every algorithm but the baselines kept for comparison, and
 # "hierarchical" where the topology has several clusters (``candidates``).
 # "auto" simulates candidates of at most this many transfers; larger ones it models.
-SIMULATED_TRANSFERS = 1 << 16
+SIMULATED_TRANSFERS = 1 << 14
 AUTO_CANDIDATES = {
     "all_reduce": ("ring", "direct", "optcc"),
     "reduce_scatter": ("ring", "direct"),

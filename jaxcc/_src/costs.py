@@ -9,7 +9,7 @@ program-order token it needs: about 0.2 ms per execution) against XLA:CPU's
 collective (``benchmarks/local_collectives.py``); across CPU processes the
 native interpreter over TCP against gloo on equal ports (``jaxcc bench sweep
 --nproc 4``). Unequal ports are the native engine's whole point: there the
-simulator prices its schedules (``dispatch``).
+planner prices its schedules (``dispatch``, ``planner.price``).
 """
 
 from __future__ import annotations

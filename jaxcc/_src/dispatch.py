@@ -125,7 +125,7 @@ def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *,
   itemsize = np.dtype(buf.dtype).itemsize
   api = f"jaxcc.{collective}"
   algorithm = params.get("algorithm", "direct")
-  if algorithm == "auto":  # chosen on the pipelined schedules the simulator prices
+  if algorithm == "auto":  # chosen on the pipelined schedules, as planner.price prices them
     algorithm = planner.auto_algorithm(collective, length, itemsize, topology, root=root,
                                        perm=perm, api=api)
   # One chunk, or over TCP the depth the cost model picks (the runner overlaps its steps).
@@ -243,8 +243,8 @@ def _native_pays(collective: str, engine: Engine, params: dict, nbytes: int) -> 
   equal_ports = len(set(ports)) == 1
   if engine is Engine.TCP:
     return not equal_ports or costs.tcp_beats_xla(collective, nbytes)
-  # NCCL: XLA's NCCL ring is as good as any schedule on equal ports; a schedule that the
-  # simulator prices clearly below the ring pays for the native transport.
+  # NCCL: XLA's NCCL ring is as good as any schedule on equal ports; a schedule that
+  # planner.price prices clearly below the ring pays for the native transport.
   if equal_ports or collective == "ppermute":
     return False
   length = max(nbytes // 4, 1)

@@ -41,8 +41,8 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
     axis_name: the mesh axis (or tuple of axes) to reduce over.
     op: "sum", "mean", "max" or "min".
     algorithm: "auto" (the engine and schedule priced fastest: XLA's own
-      collective, the native in-process path, or the cheapest simulated
-      schedule for ``topology``), "lax" (XLA's own all-reduce), "ring",
+      collective, the native in-process path, or the schedule for
+      ``topology`` priced cheapest by ``jaxcc.planner.price``), "lax" (XLA's own all-reduce), "ring",
       "direct", "optcc" or "r2ccl".
     executor: "auto", "xla" (schedules run on XLA collectives) or "native".
     topology: the network of the axis' ranks; uniform ports if None.

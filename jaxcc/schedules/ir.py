@@ -127,7 +127,9 @@ class Schedule:
     table = np.asarray(self.table, dtype=np.int64).reshape(-1, NUM_COLUMNS)
     # Sorted by step (stably), in a copy of its own.
     if (np.diff(table[:, STEP]) < 0).any():
-      table = np.ascontiguousarray(table[np.argsort(table[:, STEP], kind="stable")])
+      step = table[:, STEP]  # a narrow copy sorts by radix
+      step = step.astype(np.int32) if 0 <= step.min() and step.max() < 2**31 else step
+      table = np.ascontiguousarray(table[np.argsort(step, kind="stable")])
     else:
       table = np.array(table, order="C")
     table.setflags(write=False)
@@ -247,11 +249,14 @@ class TableBuilder:
 
   def add_rows(self, step, src, dst, src_start, dst_start, length, op) -> None:
     """Adds one transfer per element of the broadcast arrays, in C order."""
-    cols = np.broadcast_arrays(*(np.asarray(c, np.int64) for c in
-                                 (step, src, dst, src_start, dst_start, length, op)))
-    rows = np.stack([c.reshape(-1) for c in cols], axis=1)
+    cols = (step, src, dst, src_start, dst_start, length, op)
+    shape = np.broadcast_shapes(*(np.shape(c) for c in cols))
+    rows = np.empty(shape + (NUM_COLUMNS,), np.int64)
+    for j, c in enumerate(cols):
+      rows[..., j] = c
+    rows = rows.reshape(-1, NUM_COLUMNS)
     self._flush()
-    self._blocks.append(rows[rows[:, LENGTH] > 0])
+    self._blocks.append(rows if rows[:, LENGTH].min(initial=1) > 0 else rows[rows[:, LENGTH] > 0])
 
   def _flush(self) -> None:
     if self._rows:
@@ -267,7 +272,10 @@ class TableBuilder:
     # Renumber the steps so that none is empty.
     step = table[:, STEP] - (table[:, STEP].min() if len(table) else 0)
     used = np.bincount(step) > 0
-    table[:, STEP] = (np.cumsum(used) - 1)[step]
+    if not used.all():
+      table[:, STEP] = (np.cumsum(used) - 1)[step]
+    else:
+      table[:, STEP] = step
     steps = int(used.sum())
     return Schedule(collective=collective, nranks=nranks, length=length,
                     itemsize=itemsize, algorithm=algorithm, table=table,

@@ -8,14 +8,26 @@ smallest time for which the shards cover N. This reaches the lower bound
 anything (``w_i = 0``) only scatters its input and gathers the result.
 
 Each of the K chunks runs four stages, pipelined across chunks:
-  S1  scatter-in:   zero-share ranks -> owners, reduce
+  S1  scatter-in:   zero-share ranks ("leaves") -> owners, reduce
   S2  reduce-scatter among owners (direct), reduce
   S3  all-gather among owners (direct), copy
-  S4  gather-out:   owners -> zero-share ranks, copy
-Steps (and so port priorities) run S1, S2, S4, S3: a slow rank's result
-leaves its owner before the owners exchange theirs. Within a stage the
-transfers go in rounds (owner i to owner i + k), so no port receives two
-pieces at once. Steps: 4 per chunk (2 when every rank owns a shard).
+  S4  gather-out:   owners -> leaves, copy
+Without leaves the steps are S2, S3 per chunk (2 per chunk), in equal chunks.
+With leaves the leaves' ports are the bottleneck, so each leaf's port must
+stay busy from the start to the end: its result piece has to leave the owner
+right after the leaf's own piece arrives there. So the owners' S2 runs a
+chunk ahead and is summed first, a leaf's S1 piece is the last term of its
+sum, S4 follows at once, and the owners' S3, which no leaf waits for, has the
+lowest priority of all: steps S2(c), S1(c), S4(c) for every chunk, then
+S3(0..K-1) (4 steps per chunk). The chunks grow geometrically over the first
+four and shrink over the last four (``pieces.tapered_grid``): what is left of
+the pipeline's start (the first S2) and drain (the last S3) is a small chunk's
+share. In the fluid model (``benchmarks/planning_scale.py``) a schedule of 16
+chunks with one to three leaves ends within 0.6% of the lower bound at p = 64,
+where equal chunks in the order S1, S2, S4, S3 ended 4-8% over it.
+
+Within a stage the transfers go in rounds (owner i to owner i + k; in round k
+every leaf sends to owner k), so no owner receives two owners' pieces at once.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder, split_weighted
-from jaxcc.schedules.pieces import piece_grid
+from jaxcc.schedules.pieces import piece_grid, tapered_grid
 
 
 def optimal_shares(bandwidth: Sequence[float]) -> np.ndarray:
@@ -47,29 +59,33 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
           bandwidth: Sequence[float]) -> Schedule:
   """OptCC all_reduce for ranks with port bandwidths ``bandwidth``.
 
-  Bytes sent (and received) per rank: ``N + (p-2) w_i``; steps: 4 per chunk.
+  Bytes sent (and received) per rank: ``N + (p-2) w_i``; steps: 4 per chunk with leaves,
+  2 without.
   """
   tb = TableBuilder()
   bw = np.asarray(bandwidth, dtype=np.float64)
   shards = split_weighted(length, optimal_shares(bw))
-  grid = piece_grid(shards, chunks)
   owns = np.diff(shards) > 0
+  c = np.arange(chunks)[:, None, None]
   slow_first = np.argsort(bw, kind="stable")
   owners, leaves = slow_first[owns[slow_first]], slow_first[~owns[slow_first]]
-  m, num_leaves = len(owners), len(leaves)
-  # Rows are in rounds: in round k owner i sends to owner i + k, and leaf l to owner
-  # k + offset(l), so no port receives two pieces at once; a leaf gets its results
-  # back in the order it sent its pieces.
-  c = np.arange(chunks)[:, None, None]
-  k, l = np.arange(m)[None, :, None], np.arange(num_leaves)[None, None, :]
-  to = owners[(k + l * m // max(num_leaves, 1)) % m]
-  lo, hi = np.moveaxis(grid[to, c], -1, 0)
-  tb.add_rows(4 * c, leaves[l], to, lo, lo, hi - lo, REDUCE)        # S1
-  tb.add_rows(4 * c + 2, to, leaves[l], lo, lo, hi - lo, COPY)      # S4
+  m = len(owners)
+  if len(leaves):
+    grid = tapered_grid(shards, chunks)
+    s2, s1, s4, s3 = 3 * c, 3 * c + 1, 3 * c + 2, 3 * chunks + c
+  else:
+    grid = piece_grid(shards, chunks)
+    s2, s3 = 2 * c, 2 * c + 1
+  # Round k: every leaf sends to owners[k] and gets its result back from it.
+  k, leaf = np.arange(m)[None, :, None], leaves[None, None, :]
+  lo, hi = np.moveaxis(grid[owners[k], c], -1, 0)
+  if len(leaves):
+    tb.add_rows(s1, leaf, owners[k], lo, lo, hi - lo, REDUCE)
+    tb.add_rows(s4, owners[k], leaf, lo, lo, hi - lo, COPY)
   k, i = np.arange(1, m)[None, :, None], np.arange(m)[None, None, :]
   src, dst = owners[i], owners[(i + k) % m]
   lo, hi = np.moveaxis(grid[dst, c], -1, 0)
-  tb.add_rows(4 * c + 1, src, dst, lo, lo, hi - lo, REDUCE)         # S2
+  tb.add_rows(s2, src, dst, lo, lo, hi - lo, REDUCE)
   lo, hi = np.moveaxis(grid[src, c], -1, 0)
-  tb.add_rows(4 * c + 3, src, dst, lo, lo, hi - lo, COPY)           # S3
+  tb.add_rows(s3, src, dst, lo, lo, hi - lo, COPY)
   return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)

@@ -1,0 +1,185 @@
+"""Planning at cluster scale: plan, price, simulate and prove all_reduce schedules at up to 4,096 ranks.
+
+Two tables, measured in one run:
+
+  1. Per p (uniform 25 GB/s ports, rank 1 at 0.5, 256 MiB per rank, planner
+     caches cleared): the depth and transfers of the OptCC schedule, the time
+     to plan it (build and validate), to price "auto"'s candidates, to
+     simulate and to prove it (``sim.check``), the bytes of schedule data a
+     rank's executor receives (``Schedule.serialized_for``, the largest over
+     an owner and a leaf), and its time over the lower bound.
+  2. OptCC over the bound for 1 to 3 stragglers (0.5, 0.75, 0.3), at latency
+     0 (the fluid model) and 5 us.
+  3. Trace plus compile time of ``jaxcc.all_reduce`` on 64 virtual CPU devices
+     (``algorithm="auto"``, with and without a straggler in its topology, and
+     explicit native schedules) against ``lax.psum``, best of 3 from cleared
+     caches.
+
+Beyond ``--max-simulate`` transfers a schedule is not simulated (the event
+loop holds every transfer in memory) and its time is the closed-form model's
+(``jaxcc.sim.model``), marked "model". Writes ``planning_scale.json`` next to
+this file (or ``--json``). Run: ``.venv/bin/python benchmarks/planning_scale.py``
+(``--ps 8 64 256`` for a quick run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import time
+
+from jaxcc._src.devices import use_virtual_cpu_devices
+
+use_virtual_cpu_devices(64)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+import jaxcc  # noqa: E402
+from jaxcc import Topology, planner  # noqa: E402
+from jaxcc.schedules.depth import choose_chunks  # noqa: E402
+from jaxcc.sim import check, lower_bound, simulate  # noqa: E402
+from jaxcc.sim.model import model_time  # noqa: E402
+
+MiB = 1 << 20
+NBYTES = 256 * MiB
+BANDWIDTH = 25e9
+STRAGGLERS = ((1, 0.5), (None, 0.75), (-1, 0.3))  # None: p // 2; -1: p - 1
+
+
+def topology(p: int, count: int = 1, latency: float = 0.0) -> Topology:
+  topo = Topology.uniform(p, BANDWIDTH, latency)
+  for rank, fraction in STRAGGLERS[:count]:
+    topo = topo.with_straggler({None: p // 2, -1: p - 1}.get(rank, rank), fraction)
+  return topo
+
+
+def clear_caches():
+  planner._build.cache_clear()
+  planner._cheapest.cache_clear()
+
+
+def timed(fn):
+  start = time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - start
+
+
+def over_bound(sched, topo, max_simulate):
+  """(time / bound, simulate seconds or None, "sim" or "model")."""
+  bound = lower_bound("all_reduce", NBYTES, topo)
+  if len(sched.table) <= max_simulate:
+    result, seconds = timed(lambda: simulate(sched, topo))
+    return result.time / bound, seconds, "sim"
+  t = model_time("all_reduce", sched.algorithm, NBYTES, topo, sched.chunks)
+  return t / bound, None, "model"
+
+
+def scale_row(p, max_simulate, max_check):
+  topo = topology(p)
+  clear_caches()
+  sched, plan_s = timed(lambda: planner.plan("all_reduce", NBYTES, topo, "optcc"))
+  clear_caches()
+  _, price_s = timed(lambda: planner.auto_algorithm("all_reduce", NBYTES // 4, 4, topo))
+  rank_bytes = max(sched.serialized_for([r]).nbytes for r in (0, 1))
+  check_s = timed(lambda: check(sched))[1] if len(sched.table) <= max_check else None
+  ratio, sim_s, how = over_bound(sched, topo, max_simulate)
+  row = dict(p=p, chunks=sched.chunks, transfers=len(sched.table), plan_s=plan_s,
+             price_s=price_s, auto=planner.auto_algorithm("all_reduce", NBYTES // 4, 4, topo),
+             simulate_s=sim_s, check_s=check_s, rank_table_bytes=rank_bytes,
+             table_bytes=int(sched.serialized.nbytes), time_over_bound=ratio, timed_by=how,
+             max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20))
+  del sched
+  clear_caches()
+  return row
+
+
+def compile_times(reps: int = 3) -> list[dict]:
+  """Trace + lower + compile seconds of each variant on 64 devices, 1 MiB float32 per rank."""
+  mesh = jax.make_mesh((64,), ("x",))
+  x = jax.device_put(jnp.zeros((64 * (1 << 18),), jnp.float32),
+                     jax.NamedSharding(mesh, jax.P("x")))
+  slow = Topology.uniform(64, BANDWIDTH).with_straggler(1, 0.5)
+  variants = {
+      "lax.psum": lambda v: lax.psum(v, "x"),
+      "auto": lambda v: jaxcc.all_reduce(v, "x"),
+      "auto, straggler topology": lambda v: jaxcc.all_reduce(v, "x", topology=slow),
+      "auto, executor=native": lambda v: jaxcc.all_reduce(v, "x", executor="native"),
+      "optcc, executor=native": lambda v: jaxcc.all_reduce(v, "x", algorithm="optcc",
+                                                           executor="native", topology=slow),
+  }
+  rows = []
+  for name, fn in variants.items():
+    best = float("inf")
+    for _ in range(reps):
+      jax.clear_caches()
+      clear_caches()
+      f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x"),
+                                check_vma=False))
+      best = min(best, timed(lambda: f.trace(x).lower().compile())[1])
+    rows.append(dict(variant=name, seconds=best))
+  base = rows[0]["seconds"]
+  for row in rows:
+    row["over_psum"] = row["seconds"] / base
+  return rows
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--ps", type=int, nargs="+", default=[8, 64, 256, 1024, 4096])
+  parser.add_argument("--max-simulate", type=int, default=10_000_000,
+                      help="simulate schedules of at most this many transfers")
+  parser.add_argument("--max-check", type=int, default=10_000_000,
+                      help="prove schedules of at most this many transfers")
+  parser.add_argument("--json", type=pathlib.Path,
+                      default=pathlib.Path(__file__).with_name("planning_scale.json"))
+  args = parser.parse_args()
+
+  print(f"all_reduce of {NBYTES // MiB} MiB, {BANDWIDTH / 1e9:g} GB/s ports, rank 1 at 0.5; "
+        f"optcc")
+  print(f"{'p':>5} {'K':>4} {'transfers':>11} {'plan s':>7} {'price s':>8} {'sim s':>7} "
+        f"{'check s':>8} {'rank data':>10} {'table':>10} {'t/bound':>8}")
+  rows = []
+  for p in args.ps:
+    row = scale_row(p, args.max_simulate, args.max_check)
+    rows.append(row)
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"
+    print(f"{p:>5} {row['chunks']:>4} {row['transfers']:>11,} {row['plan_s']:>7.2f} "
+          f"{row['price_s']:>8.4f} {fmt(row['simulate_s']):>7} {fmt(row['check_s']):>8} "
+          f"{row['rank_table_bytes'] / MiB:>7.2f}MiB {row['table_bytes'] / MiB:>7.0f}MiB "
+          f"{row['time_over_bound']:>8.4f} {row['timed_by']}", flush=True)
+
+  print("\noptcc / lower bound (1 to 3 stragglers at 0.5, 0.75, 0.3)")
+  fluid = []
+  for p in [p for p in args.ps if p >= 256] or args.ps[-1:]:
+    for latency in (0.0, 5e-6):
+      cells = []
+      for count in (1, 2, 3):
+        topo = topology(p, count, latency)
+        sched = planner.plan("all_reduce", NBYTES, topo, "optcc")
+        ratio, _, how = over_bound(sched, topo, args.max_simulate)
+        fluid.append(dict(p=p, latency=latency, stragglers=count, chunks=sched.chunks,
+                          time_over_bound=ratio, timed_by=how))
+        cells.append(f"{ratio:.4f} ({how}, K={sched.chunks})")
+        del sched
+        clear_caches()
+      print(f"  p={p:<5} latency {latency * 1e6:g} us: " + "   ".join(cells), flush=True)
+
+  print("\ntrace + compile on 64 virtual CPU devices, 1 MiB float32 per rank (best of 3)")
+  compiles = compile_times()
+  for row in compiles:
+    print(f"  {row['variant']:<26} {row['seconds'] * 1e3:8.0f} ms  {row['over_psum']:5.2f}x "
+          f"lax.psum", flush=True)
+
+  args.json.write_text(json.dumps({"nbytes": NBYTES, "bandwidth": BANDWIDTH, "scale": rows,
+                                   "optcc_over_bound": fluid, "compile": compiles,
+                                   "choose_chunks": {p: choose_chunks("all_reduce", NBYTES, p)
+                                                     for p in args.ps}}, indent=1))
+  print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+  main()
