@@ -19,12 +19,15 @@ right after the leaf's own piece arrives there. So the owners' S2 runs a
 chunk ahead and is summed first, a leaf's S1 piece is the last term of its
 sum, S4 follows at once, and the owners' S3, which no leaf waits for, has the
 lowest priority of all: steps S2(c), S1(c), S4(c) for every chunk, then
-S3(0..K-1) (4 steps per chunk). The chunks grow geometrically over the first
-four and shrink over the last four (``pieces.tapered_grid``): what is left of
-the pipeline's start (the first S2) and drain (the last S3) is a small chunk's
-share. In the fluid model (``benchmarks/planning_scale.py``) a schedule of 16
-chunks with one to three leaves ends within 0.6% of the lower bound at p = 64,
-where equal chunks in the order S1, S2, S4, S3 ended 4-8% over it.
+S3(0..K-1) (4 steps per chunk). The chunks grow geometrically at the start
+and shrink at the end (``pieces.tapered_grid``): what is left of the
+pipeline's start (the first S2) and drain (the last S3) is a small chunk's
+share. The ramps take 4 doublings with 8 owners or more, else
+``floor(log2 K / 2)``: with few owners each one's S2 running ahead is a large
+part of its port's work, and larger middle chunks cost more than the ramps
+save (p = 4, K = 16: 1.071x the bound against 1.100x with 4 doublings). In the fluid model at p = 64 with one to three leaves, 64 chunks end
+within 0.1% of the lower bound and 16 within 1% (equal chunks in the order
+S1, S2, S4, S3: 0.5-0.9% and 2-4%).
 
 Within a stage the transfers go in rounds (owner i to owner i + k; in round k
 every leaf sends to owner k), so no owner receives two owners' pieces at once.
@@ -71,7 +74,7 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
   owners, leaves = slow_first[owns[slow_first]], slow_first[~owns[slow_first]]
   m = len(owners)
   if len(leaves):
-    grid = tapered_grid(shards, chunks)
+    grid = tapered_grid(shards, chunks, 4 if m >= 8 else (chunks.bit_length() - 1) // 2)
     s2, s1, s4, s3 = 3 * c, 3 * c + 1, 3 * c + 2, 3 * chunks + c
   else:
     grid = piece_grid(shards, chunks)

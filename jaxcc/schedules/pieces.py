@@ -21,15 +21,15 @@ def piece_grid(shard_bounds: np.ndarray, chunks: int) -> np.ndarray:
   return np.stack([cuts[:, :-1], cuts[:, 1:]], axis=-1)
 
 
-def tapered_grid(shard_bounds: np.ndarray, chunks: int, ramp: int = 4) -> np.ndarray:
+def tapered_grid(shard_bounds: np.ndarray, chunks: int, ramp: int) -> np.ndarray:
   """``piece_grid`` with chunks that grow geometrically at the start and shrink at the end.
 
   Chunk weights: ``1, 2, ..., 2^(r-1)``, then ``2^r`` for the middle chunks,
-  then ``2^(r-1), ..., 1``, with ``r = min(ramp, (chunks - 1) // 2)`` (equal
-  chunks for ``chunks <= 2``): a pipeline's start and drain cost about its
-  first and last chunk instead of a full one.
+  then ``2^(r-1), ..., 1``, with ``r = min(ramp, (chunks - 1) // 2)``: a
+  pipeline's start and drain cost about its first and last chunk instead of a
+  full one.
   """
-  r = min(ramp, max((chunks - 1) // 2, 0))
+  r = max(min(ramp, (chunks - 1) // 2), 0)
   up = 2 ** np.arange(r, dtype=np.int64)
   weights = np.concatenate([up, np.full(chunks - 2 * r, 2**r, np.int64), up[::-1]])
   cum = np.concatenate([[0], np.cumsum(weights)])
