@@ -15,19 +15,22 @@ Each of the K chunks runs four stages, pipelined across chunks:
 Without leaves the steps are S2, S3 per chunk (2 per chunk), in equal chunks.
 With leaves the leaves' ports are the bottleneck, so each leaf's port must
 stay busy from the start to the end: its result piece has to leave the owner
-right after the leaf's own piece arrives there. So the owners' S2 runs a
-chunk ahead and is summed first, a leaf's S1 piece is the last term of its
-sum, S4 follows at once, and the owners' S3, which no leaf waits for, has the
-lowest priority of all: steps S2(c), S1(c), S4(c) for every chunk, then
-S3(0..K-1) (4 steps per chunk). The chunks grow geometrically at the start
-and shrink at the end (``pieces.tapered_grid``): what is left of the
-pipeline's start (the first S2) and drain (the last S3) is a small chunk's
-share. The ramps take 4 doublings with 8 owners or more, else
-``floor(log2 K / 2)``: with few owners each one's S2 running ahead is a large
-part of its port's work, and larger middle chunks cost more than the ramps
-save (p = 4, K = 16: 1.071x the bound against 1.100x with 4 doublings). In the fluid model at p = 64 with one to three leaves, 64 chunks end
-within 0.1% of the lower bound and 16 within 1% (equal chunks in the order
-S1, S2, S4, S3: 0.5-0.9% and 2-4%).
+right after the leaf's own piece arrives there. So the owners' S2 of a chunk
+runs ahead and is summed first, a leaf's S1 piece is the last term of its
+sum, and S4 follows at once: steps S2(c), S1(c), S4(c) per chunk. The owners'
+S3, which no leaf waits for, comes after the S2 of the next chunk when the
+owners' ports differ (a slow owner's receive port stays busy only with the
+all-gather interleaved), else after every other step. 4 steps per chunk. The
+chunks grow geometrically at the start and shrink at the end
+(``pieces.tapered_grid``): what is left of the pipeline's start (the first
+S2) and drain (the last S3) is a small chunk's share. The ramps take 4
+doublings with 8 owners or more, else ``floor(log2 K / 2)``: with few owners
+each one's S2 running ahead is a large part of its port's work, and larger
+middle chunks cost more than the ramps save (p = 4, K = 16: 1.071x the bound
+against 1.100x with 4 doublings). In the fluid model at p = 64 with one to
+three stragglers of which at least one is a leaf, 16 chunks end 1.004-1.034x
+the lower bound and 64 chunks 1.0006-1.005x (equal chunks in the order S1,
+S2, S4, S3: 1.020-1.039x and 1.005-1.010x).
 
 Within a stage the transfers go in rounds (owner i to owner i + k; in round k
 every leaf sends to owner k), so no owner receives two owners' pieces at once.
@@ -75,7 +78,8 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
   m = len(owners)
   if len(leaves):
     grid = tapered_grid(shards, chunks, 4 if m >= 8 else (chunks.bit_length() - 1) // 2)
-    s2, s1, s4, s3 = 3 * c, 3 * c + 1, 3 * c + 2, 3 * chunks + c
+    s2, s1, s4 = 4 * c, 4 * c + 1, 4 * c + 2
+    s3 = 4 * c + 7 if len(np.unique(bw[owners])) > 1 else 4 * chunks + c
   else:
     grid = piece_grid(shards, chunks)
     s2, s3 = 2 * c, 2 * c + 1

@@ -165,6 +165,19 @@ def test_plan_schedules_are_correct(collective, algorithm):
       check(plan(collective, 4 * total, topology, algorithm, itemsize=4))
 
 
+@pytest.mark.parametrize("stragglers", [
+    ((1, 0.5),), ((1, 0.5), (2, 0.75)), ((0, 0.3), (2, 0.3)), ((1, 0.4), (3, 0.6), (4, 0.9))])
+def test_optcc_with_leaves_is_correct_at_every_depth(stragglers):
+  """The leaves' order and the tapered chunks: equal and unequal owners, 1 to 40 chunks."""
+  for p in (5, 9, 12):
+    topology = Topology.uniform(p, 1e9)
+    for rank, fraction in stragglers:
+      topology = topology.with_straggler(rank, fraction)
+    for chunks in (1, 2, 3, 4, 7, 16, 40):
+      for length in (p, 97, 1000):
+        check(plan("all_reduce", 4 * length, topology, "optcc", itemsize=4, chunks=chunks))
+
+
 def ppermute_rows(perm, n, chunks=1):
   """Each source's input ``[0, n)`` to its destination's output ``[n, 2n)``, chunk c at step c."""
   bounds = [c * n // chunks for c in range(chunks + 1)]
