@@ -295,6 +295,18 @@ def test_native_equals_python_on_plans(both_paths, p):
             both_paths(schedule, topology, port_blocking_latency=blocking)
 
 
+def test_native_equals_python_on_large_schedules(both_paths):
+  # Large enough for the CPU module to share the work between two threads.
+  flat = straggler(32, 0.5, 25e9, 1e-6)
+  relays = Topology.clusters([12, 12], 25e9, [2.5e9 if r % 3 == 0 else 0.0 for r in range(24)],
+                             latency=1e-6, inter_latency=4e-6)
+  for schedule, topology in ((plan("all_reduce", 1 << 26, flat, "optcc"), flat),
+                             (plan("all_reduce", 1 << 24, relays, "hierarchical", chunks=64),
+                              relays)):
+    assert len(schedule.table) >= 1 << 14
+    both_paths(schedule, topology, port_blocking_latency=topology is flat)
+
+
 def random_schedule(rng, p, length, steps):
   """A valid all_reduce table of random copies and reduces (Schedule.validate's rules)."""
   rows = []

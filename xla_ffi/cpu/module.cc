@@ -51,11 +51,11 @@ std::chrono::milliseconds Millis(double seconds) {
 }
 
 template <typename T>
-using Vector = nb::ndarray<const T, nb::ndim<1>, nb::device::cpu>;
+using Vector = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 template <typename T>
-jaxcc::Strided<T> View(const Vector<T>& a) {
-  return {a.data(), static_cast<int64_t>(a.shape(0)), a.stride(0)};
+jaxcc::Span<T> View(const Vector<T>& a) {
+  return {a.data(), static_cast<int64_t>(a.shape(0))};
 }
 
 // Every target of this module. Add new handlers here.
@@ -224,15 +224,19 @@ NB_MODULE(_jaxcc_cpu, m) {
       "rounding), and, if `encode`, the sum encoded as a segmented piece.");
   m.def(
       "simulate",
-      [](nb::ndarray<const int64_t, nb::ndim<2>, nb::device::cpu> table, double itemsize,
+      [](nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> table,
+         double itemsize,
          int64_t nranks, int64_t length, int64_t num_steps, const Vector<double>& send,
          const Vector<double>& recv, const Vector<double>& latency,
          const std::optional<std::tuple<Vector<int64_t>, Vector<int64_t>, Vector<double>,
                                         Vector<double>, Vector<double>>>& clusters,
          bool port_blocking_latency) {
-        const jaxcc::SimTable t{table.data(), static_cast<int64_t>(table.shape(0)),
-                                static_cast<int64_t>(table.shape(1)), table.stride(0),
-                                table.stride(1)};
+        if (table.shape(1) != jaxcc::kColumns) {
+          throw std::invalid_argument("jaxcc.sim.simulate: the table has " +
+                                      std::to_string(table.shape(1)) + " columns, not " +
+                                      std::to_string(jaxcc::kColumns));
+        }
+        const jaxcc::SimTable t{table.data(), static_cast<int64_t>(table.shape(0))};
         jaxcc::SimNetwork network{View(send), View(recv), View(latency), clusters.has_value(),
                                   {}, {}, {}, {}, {}, port_blocking_latency};
         if (clusters) {

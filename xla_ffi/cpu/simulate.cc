@@ -3,11 +3,14 @@
 #include "simulate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -21,154 +24,57 @@ using Index = int32_t;  // of a transfer, unit, segment, port, edge or event
 constexpr int64_t kMaxIndex = std::numeric_limits<Index>::max();
 // A transfer's hops: to its relay, across clusters (or its only hop), from the relay.
 constexpr int kHops = 3;
-
-// One hop of a transfer: its ports, the seconds it holds them, then its delay.
-struct Leg {
-  Index tx_port, rx_port;
-  double tx, rx, delay;
-};
+constexpr int64_t kParallelRows = 1 << 14;
 
 // simulate.py's _hops, a transfer at a time. Ports 0..p-1 are the ranks'
-// intra (or only) ports, p..2p-1 their cross-cluster ports.
+// intra (or only) ports, p..2p-1 their cross-cluster ports; a hop holds its
+// tx port for size / send bandwidth and its rx port for size / receive
+// bandwidth, and its delay is the larger latency of the two ports.
 class Hops {
  public:
   Hops(const SimTable& t, double itemsize, const SimNetwork& n)
-      : t_(t), itemsize_(itemsize), n_(n), p_(static_cast<Index>(n.send.size)) {}
-  // The hops transfer x takes: bit h for hop h.
-  uint8_t Taken(int64_t x) const {
-    const Route r = RouteOf(x);
-    return static_cast<uint8_t>((r.cross && r.a != r.src) | 2 | (r.cross && r.b != r.dst) << 2);
-  }
-  Leg On(int64_t x, int hop) const {
-    const Route r = RouteOf(x);
-    const double size = static_cast<double>(t_(x, kLength)) * itemsize_;
-    Leg leg = hop == 0   ? Intra(r.src, r.a, size)
-              : hop == 2 ? Intra(r.b, r.dst, size)
-              : r.cross  ? Leg{r.a + p_, r.b + p_, size / n_.inter_send[r.a],
-                              size / n_.inter_recv[r.b],
-                              std::max(n_.inter_latency[r.a], n_.inter_latency[r.b])}
-                         : Intra(r.src, r.dst, size);
-    if (n_.port_blocking_latency) {
-      leg.rx += leg.delay;
-      leg.delay = 0.0;
+      : t_(t), itemsize_(itemsize), n_(n), p_(static_cast<Index>(n.send.size)) {
+    for (Index r = 0; r < 2 * p_; ++r) {
+      const bool intra = r < p_ || !n.clusters;
+      const int64_t q = r % p_;
+      send_.push_back(intra ? n.send[q] : n.inter_send[q]);
+      recv_.push_back(intra ? n.recv[q] : n.inter_recv[q]);
+      latency_.push_back(intra ? n.latency[q] : n.inter_latency[q]);
     }
-    return leg;
+  }
+  // The hops transfer x takes (bit h for hop h), and the ports of each.
+  uint8_t Ports(int64_t x, std::pair<Index, Index> (&ports)[kHops]) const {
+    const Index src = static_cast<Index>(t_(x, kSrc)), dst = static_cast<Index>(t_(x, kDst));
+    const bool cross = n_.clusters && n_.cluster[src] != n_.cluster[dst];
+    // Across clusters: src -> a (its relay) -> b (dst's relay) -> dst.
+    const Index a = cross ? static_cast<Index>(n_.relay[src]) : src;
+    const Index b = cross ? static_cast<Index>(n_.relay[dst]) : dst;
+    ports[0] = {src, a};
+    ports[1] = cross ? std::pair<Index, Index>{a + p_, b + p_} : std::pair<Index, Index>{src, dst};
+    ports[2] = {b, dst};
+    return static_cast<uint8_t>((cross && a != src) | 2 | (cross && b != dst) << 2);
+  }
+  double Size(int64_t x) const { return static_cast<double>(t_(x, kLength)) * itemsize_; }
+  double Tx(Index tx_port, double size) const { return size / send_[tx_port]; }
+  double Rx(Index tx_port, Index rx_port, double size) const {
+    const double rx = size / recv_[rx_port];
+    return n_.port_blocking_latency ? rx + Latency(tx_port, rx_port) : rx;
+  }
+  double Delay(Index tx_port, Index rx_port) const {
+    return n_.port_blocking_latency ? 0.0 : Latency(tx_port, rx_port);
   }
 
  private:
-  // A transfer src -> dst; across clusters it goes a -> b between the relays.
-  struct Route {
-    Index src, dst, a, b;
-    bool cross;
-  };
-  Route RouteOf(int64_t x) const {
-    Route r;
-    r.src = static_cast<Index>(t_(x, kSrc));
-    r.dst = static_cast<Index>(t_(x, kDst));
-    r.cross = n_.clusters && n_.cluster[r.src] != n_.cluster[r.dst];
-    r.a = r.cross ? static_cast<Index>(n_.relay[r.src]) : r.src;
-    r.b = r.cross ? static_cast<Index>(n_.relay[r.dst]) : r.dst;
-    return r;
-  }
-  Leg Intra(Index from, Index to, double size) const {
-    return {from, to, size / n_.send[from], size / n_.recv[to],
-            std::max(n_.latency[from], n_.latency[to])};
+  double Latency(Index tx_port, Index rx_port) const {
+    return std::max(latency_[tx_port], latency_[rx_port]);
   }
 
   const SimTable& t_;
   double itemsize_;
   const SimNetwork& n_;
   Index p_;
+  std::vector<double> send_, recv_, latency_;  // per port
 };
-
-// What the event loop keeps of a transfer, in one cache line.
-struct alignas(64) Transfer {
-  Leg leg;                   // of the hop it is on
-  Index tx_slot, rx_slot;    // its slots in the queues of that hop's ports
-  Index unit;                // the unit it writes
-  Index raw_need;            // the writes it waits for (read after write)
-  Index war_begin, war_end;  // war_targets: the units that wait until it has been read
-  uint8_t hop;               // the hop it is on
-  uint8_t taken;             // the hops it takes (Hops::Taken)
-  bool war_pending;          // it has not left its first tx port yet
-};
-
-// A write: one COPY transfer, or the REDUCE transfers of one step into one rank.
-struct Unit {
-  Index need;  // the events it waits for
-  // unit_targets[begin:split]: the transfers that read what it writes;
-  // unit_targets[split:end]: the units that overwrite it.
-  Index begin, split, end;
-};
-
-// simulate.py's _dependencies.
-struct Graph {
-  std::vector<Transfer> transfers;
-  std::vector<Unit> units;
-  std::vector<Index> unit_targets, war_targets;
-};
-
-// A read (by a transfer) or a write (by a unit) of a range of one rank's buffer.
-struct Access {
-  int64_t lo, hi;  // the range [lo, hi); then the elementary segments it covers
-  Index step;      // its step's index among the table's steps (they ascend)
-  Index id;        // the transfer or the unit
-};
-
-// Per rank its reads (by the transfers from it) and writes (by the units into
-// it), each in step order: rank r's reads are reads[read_begin[r]:read_begin[r +
-// 1]]. Makes the units in row order; a REDUCE row joins the unit of its group,
-// whose first row stands for it.
-void Accesses(const SimTable& t, size_t ranks, Graph* g, std::vector<Access>* reads,
-              std::vector<size_t>* read_begin, std::vector<Access>* writes,
-              std::vector<size_t>* write_begin) {
-  const size_t num = static_cast<size_t>(t.rows);
-  std::vector<Index> group_unit(ranks, -1), group_step(ranks, -1);
-  read_begin->assign(ranks + 1, 0);
-  write_begin->assign(ranks + 1, 0);
-  g->transfers.resize(num);
-  g->units.reserve(num);
-  Index step = 0;
-  for (size_t x = 0; x < num; ++x) {
-    step += x && t(x, kStep) != t(x - 1, kStep);
-    const int64_t dst = t(x, kDst);
-    ++(*read_begin)[t(x, kSrc) + 1];
-    Index& unit = g->transfers[x].unit;
-    const bool reduce = t(x, kOp) == kReduce;
-    if (reduce && group_step[dst] == step) {
-      unit = group_unit[dst];
-      ++g->units[unit].need;
-      continue;
-    }
-    unit = static_cast<Index>(g->units.size());
-    if (reduce) {
-      group_step[dst] = step;
-      group_unit[dst] = unit;
-    }
-    g->units.push_back({1, 0, 0, 0});
-    ++(*write_begin)[dst + 1];
-  }
-  for (size_t r = 0; r < ranks; ++r) {
-    (*read_begin)[r + 1] += (*read_begin)[r];
-    (*write_begin)[r + 1] += (*write_begin)[r];
-  }
-  reads->resize(num);
-  writes->resize(g->units.size());
-  std::vector<size_t> read_at(read_begin->begin(), read_begin->end() - 1);
-  std::vector<size_t> write_at(write_begin->begin(), write_begin->end() - 1);
-  step = 0;
-  for (size_t x = 0, units = 0; x < num; ++x) {
-    step += x && t(x, kStep) != t(x - 1, kStep);
-    const int64_t n = t(x, kLength);
-    (*reads)[read_at[t(x, kSrc)]++] = {t(x, kSrcStart), t(x, kSrcStart) + n, step,
-                                       static_cast<Index>(x)};
-    const Index unit = g->transfers[x].unit;
-    if (static_cast<size_t>(unit) == units) {  // the unit's first row
-      (*writes)[write_at[t(x, kDst)]++] = {t(x, kDstStart), t(x, kDstStart) + n, step, unit};
-      ++units;
-    }
-  }
-}
 
 // Sorts `v`, which consists of few ascending runs, by merging the runs.
 template <typename T>
@@ -249,147 +155,8 @@ class Cuts {
   uint32_t generation_ = 1;
   std::vector<Slot> slots_;
   std::vector<std::pair<int64_t, Index>> values_, scratch_;  // (value, index of Add)
-  std::vector<Index> id_;                          // per index of Add: its number
+  std::vector<Index> id_;  // per index of Add: its number
 };
-
-using Edges = std::vector<std::pair<Index, Index>>;
-
-// Per node in [0, nodes): how many edges (from, to) leave it.
-void Count(const Edges& edges, size_t nodes, std::vector<Index>* count) {
-  count->assign(nodes, 0);
-  for (const auto& e : edges) ++(*count)[static_cast<size_t>(e.first)];
-}
-
-// Places the targets of `edges`, each mapped by `target`, from where `at` says
-// per node, which it moves on.
-template <typename Target>
-void Place(const Edges& edges, Target target, std::vector<Index>* at, std::vector<Index>* out) {
-  for (const auto& e : edges) (*out)[(*at)[e.first]++] = target(e.second);
-}
-
-// simulate.py's _dependencies: per rank, its reads and writes in program order
-// over the elementary segments of its buffer. A read waits for the last write
-// of each segment (read after write); a write for the last write (write after
-// write) and for the reads since (write after read).
-std::string Dependencies(const SimTable& t, int64_t nranks, Graph* g) {
-  const size_t ranks = static_cast<size_t>(nranks);
-  std::vector<Access> reads, writes;
-  std::vector<size_t> read_begin, write_begin;
-  Accesses(t, ranks, g, &reads, &read_begin, &writes, &write_begin);
-  Cuts cuts;
-  // Per segment: the last write and the reads since (a list in `readers`).
-  std::vector<Index> last_write, first_reader;
-  struct Reader {
-    Index read, next;
-  };
-  std::vector<Reader> readers;
-  // The rank's edges and in-degrees over its own indices of reads and writes;
-  // marks keep each edge once (the last target that took an edge from a node).
-  Edges raw, waw, war;  // write -> read, write -> write, read -> write
-  std::vector<Index> raw_need, need, raw_mark, waw_mark, war_mark;
-  std::vector<Index> raw_at, waw_at, war_at;  // per node: its edges, then where they go
-  int64_t pieces = 0;  // (access, segment) pairs of every rank so far
-  for (size_t r = 0; r < ranks; ++r) {
-    Access* const read = reads.data() + read_begin[r];
-    Access* const write = writes.data() + write_begin[r];
-    const Index num_reads = static_cast<Index>(read_begin[r + 1] - read_begin[r]);
-    const Index num_writes = static_cast<Index>(write_begin[r + 1] - write_begin[r]);
-    auto each_access = [&](auto f) {
-      std::for_each(read, read + num_reads, f);
-      std::for_each(write, write + num_writes, f);
-    };
-    cuts.Clear();
-    each_access([&](Access& a) {
-      a.lo = cuts.Add(a.lo);
-      a.hi = cuts.Add(a.hi);
-    });
-    cuts.Number();
-    each_access([&](Access& a) {
-      a.lo = cuts.Id(a.lo);
-      a.hi = cuts.Id(a.hi);
-      pieces += a.hi - a.lo;
-    });
-    if (pieces > kMaxIndex) {
-      return "the schedule's ranges cut the buffers into more than " +
-             std::to_string(kMaxIndex) + " pieces";
-    }
-    last_write.assign(cuts.Count(), -1);
-    first_reader.assign(cuts.Count(), -1);
-    readers.clear();
-    raw.clear();
-    waw.clear();
-    war.clear();
-    raw_need.assign(num_reads, 0);
-    war_mark.assign(num_reads, -1);
-    need.assign(num_writes, 0);
-    raw_mark.assign(num_writes, -1);
-    waw_mark.assign(num_writes, -1);
-    // Program order: by step, the reads of a step before its writes.
-    for (Index i = 0, j = 0; i < num_reads || j < num_writes;) {
-      if (j == num_writes || (i < num_reads && read[i].step <= write[j].step)) {
-        for (int64_t s = read[i].lo; s < read[i].hi; ++s) {
-          const Index w = last_write[s];
-          if (w >= 0 && raw_mark[w] != i) {
-            raw_mark[w] = i;
-            raw.emplace_back(w, i);
-            ++raw_need[i];
-          }
-          readers.push_back({i, first_reader[s]});
-          first_reader[s] = static_cast<Index>(readers.size() - 1);
-        }
-        ++i;
-      } else {
-        for (int64_t s = write[j].lo; s < write[j].hi; ++s) {
-          const Index w = last_write[s];
-          if (w >= 0 && waw_mark[w] != j) {
-            waw_mark[w] = j;
-            waw.emplace_back(w, j);
-            ++need[j];
-          }
-          for (Index k = first_reader[s]; k >= 0; k = readers[k].next) {
-            const Index x = readers[k].read;
-            if (war_mark[x] != j) {
-              war_mark[x] = j;
-              war.emplace_back(x, j);
-              ++need[j];
-            }
-          }
-          first_reader[s] = -1;
-          last_write[s] = j;
-        }
-        ++j;
-      }
-    }
-    // The rank's lists: per write its readers then its overwriters, per read its writers.
-    Count(raw, num_writes, &raw_at);
-    Count(waw, num_writes, &waw_at);
-    Count(war, num_reads, &war_at);
-    Index at = static_cast<Index>(g->unit_targets.size());
-    for (Index j = 0; j < num_writes; ++j) {
-      Unit& u = g->units[write[j].id];
-      u.need += need[j];
-      u.begin = at;
-      u.split = at += raw_at[j];
-      u.end = at += waw_at[j];
-      raw_at[j] = u.begin;
-      waw_at[j] = u.split;
-    }
-    g->unit_targets.resize(static_cast<size_t>(at));
-    at = static_cast<Index>(g->war_targets.size());
-    for (Index i = 0; i < num_reads; ++i) {
-      Transfer& x = g->transfers[read[i].id];
-      x.raw_need = raw_need[i];
-      x.war_begin = at;
-      x.war_end = at += war_at[i];
-      war_at[i] = x.war_begin;
-    }
-    g->war_targets.resize(static_cast<size_t>(at));
-    Place(raw, [&](Index i) { return read[i].id; }, &raw_at, &g->unit_targets);
-    Place(waw, [&](Index j) { return write[j].id; }, &waw_at, &g->unit_targets);
-    Place(war, [&](Index j) { return write[j].id; }, &war_at, &g->war_targets);
-  }
-  return "";
-}
 
 // The pending events, an instant at a time: Take starts the earliest time,
 // and Next gives its events in ascending code, those pushed for that time
@@ -493,7 +260,8 @@ class Events {
 // the smallest is found with one bit scan per level.
 class PortQueues {
  public:
-  explicit PortQueues(Index ports) : members_(ports), levels_(ports) {}
+  explicit PortQueues(Index ports) : members_(ports), levels_(ports), waiting_(ports, 0) {}
+  Index Ports() const { return static_cast<Index>(members_.size()); }
   // Makes transfer x (larger than the members so far) a member of `port`; returns its slot.
   Index Add(Index port, Index x) {
     members_[port].push_back(x);
@@ -514,11 +282,9 @@ class PortQueues {
     }
     words_.assign(words, 0);
   }
-  bool Empty(Index port) const {
-    const Levels& l = levels_[port];
-    return !l.count || !words_[l.offset[l.count - 1]];
-  }
+  bool Empty(Index port) const { return !waiting_[port]; }
   void Push(Index port, Index slot) {
+    ++waiting_[port];
     const Levels& l = levels_[port];
     size_t i = static_cast<size_t>(slot);
     for (int k = 0; k < l.count; ++k, i >>= 6) {
@@ -530,6 +296,7 @@ class PortQueues {
   }
   // The smallest transfer waiting for `port` (not Empty), which stops waiting.
   Index Pop(Index port) {
+    --waiting_[port];
     const Levels& l = levels_[port];
     size_t i = 0;
     for (int k = l.count; k-- > 0;) {
@@ -552,42 +319,384 @@ class PortQueues {
   std::vector<std::vector<Index>> members_;
   std::vector<Levels> levels_;
   std::vector<uint64_t> words_;
+  std::vector<Index> waiting_;  // per port
 };
 
-// Every transfer's hops: the first as its leg, each as a member of its ports'
-// queues (the slots of a hop after the first in `later_slots`), and the sums
-// that simulate.py's np.bincount calls make, in the same order (per hop over
-// the transfers, then the hops added up).
-void Legs(const SimTable& t, double itemsize, const Hops& hops, Graph* g, PortQueues* tx_queue,
-          PortQueues* rx_queue, std::vector<std::pair<Index, Index>> (&later_slots)[kHops - 1],
-          SimResult* out) {
+// A transfer on the hop it is on: its size, its ports and its slots in their queues.
+struct Leg {
+  double size;
+  Index tx_port, rx_port;
+  Index tx_slot, rx_slot;
+};
+
+// Which hops a transfer takes (bit h for hop h) and the one it is on.
+struct Route {
+  uint8_t taken, hop;
+};
+
+// simulate.py's _hops for every transfer: its leg and route, the queues of
+// the ports, and per transfer its slots on its second and third hops.
+struct Paths {
+  explicit Paths(Index ports) : tx_queue(ports), rx_queue(ports) {}
+  std::vector<Leg> legs;
+  std::vector<Route> routes;
+  PortQueues tx_queue, rx_queue;
+  std::vector<std::pair<Index, Index>> later_slots[kHops - 1];
+};
+
+// What a transfer waits for and what waits for it.
+struct Need {
+  Index unit;                // the unit it writes
+  Index raw_need;            // the writes it waits for (read after write)
+  Index war_begin, war_end;  // war_targets: the units that wait until it has been read
+};
+
+// A write: one COPY transfer, or the REDUCE transfers of one step into one rank.
+struct Unit {
+  Index need;  // the events it waits for
+  // unit_targets[begin:split]: the transfers that read what it writes;
+  // unit_targets[split:end]: the units that overwrite it.
+  Index begin, split, end;
+};
+
+// simulate.py's _dependencies.
+struct Graph {
+  std::vector<Need> needs;  // per transfer
+  std::vector<Unit> units;
+  std::vector<Index> unit_targets, war_targets;
+};
+
+// A read (by a transfer) or a write (by a unit) of a range of one rank's buffer.
+struct Access {
+  int64_t lo, hi;  // the range [lo, hi); then the elementary segments it covers
+  Index step;      // its step's index among the table's steps (they ascend)
+  Index id;        // the transfer or the unit
+};
+
+// The reads and writes of every rank: rank r's reads are
+// reads[read_begin[r]:read_begin[r + 1]], each in step order, and so for writes.
+struct Accesses {
+  std::vector<Access> reads, writes;
+  std::vector<size_t> read_begin, write_begin;
+};
+
+// Makes the units in row order (a REDUCE row joins the unit of its group,
+// whose first row stands for it) and every rank's accesses: its reads by the
+// transfers from it, its writes by the units into it.
+void MakeUnits(const SimTable& t, size_t ranks, Graph* g, Accesses* a) {
+  const size_t num = static_cast<size_t>(t.rows);
+  std::vector<Index> group_unit(ranks, -1), group_step(ranks, -1);
+  a->read_begin.assign(ranks + 1, 0);
+  a->write_begin.assign(ranks + 1, 0);
+  g->needs.resize(num);
+  g->units.reserve(num);
+  Index step = 0;
+  for (size_t x = 0; x < num; ++x) {
+    step += x && t(x, kStep) != t(x - 1, kStep);
+    const int64_t dst = t(x, kDst);
+    ++a->read_begin[t(x, kSrc) + 1];
+    Index& unit = g->needs[x].unit;
+    const bool reduce = t(x, kOp) == kReduce;
+    if (reduce && group_step[dst] == step) {
+      unit = group_unit[dst];
+      ++g->units[unit].need;
+      continue;
+    }
+    unit = static_cast<Index>(g->units.size());
+    if (reduce) {
+      group_step[dst] = step;
+      group_unit[dst] = unit;
+    }
+    g->units.push_back({1, 0, 0, 0});
+    ++a->write_begin[dst + 1];
+  }
+  for (size_t r = 0; r < ranks; ++r) {
+    a->read_begin[r + 1] += a->read_begin[r];
+    a->write_begin[r + 1] += a->write_begin[r];
+  }
+  a->reads.resize(num);
+  a->writes.resize(g->units.size());
+  std::vector<size_t> read_at(a->read_begin.begin(), a->read_begin.end() - 1);
+  std::vector<size_t> write_at(a->write_begin.begin(), a->write_begin.end() - 1);
+  step = 0;
+  for (size_t x = 0, units = 0; x < num; ++x) {
+    step += x && t(x, kStep) != t(x - 1, kStep);
+    const int64_t n = t(x, kLength);
+    a->reads[read_at[t(x, kSrc)]++] = {t(x, kSrcStart), t(x, kSrcStart) + n, step,
+                                       static_cast<Index>(x)};
+    const Index unit = g->needs[x].unit;
+    if (static_cast<size_t>(unit) == units) {  // the unit's first row
+      a->writes[write_at[t(x, kDst)]++] = {t(x, kDstStart), t(x, kDstStart) + n, step, unit};
+      ++units;
+    }
+  }
+}
+
+using Edges = std::vector<std::pair<Index, Index>>;
+
+// Per node in [0, nodes): how many edges (from, to) leave it.
+void Count(const Edges& edges, size_t nodes, std::vector<Index>* count) {
+  count->assign(nodes, 0);
+  for (const auto& e : edges) ++(*count)[static_cast<size_t>(e.first)];
+}
+
+// Places the targets of `edges`, each mapped by `target`, from where `at` says
+// per node, which it moves on.
+template <typename Target>
+void Place(const Edges& edges, Target target, std::vector<Index>* at, std::vector<Index>* out) {
+  for (const auto& e : edges) (*out)[(*at)[e.first]++] = target(e.second);
+}
+
+// simulate.py's _dependencies for the ranks one thread takes: per rank, its
+// reads and writes in program order over the elementary segments of its
+// buffer. A read waits for the last write of each segment (read after write);
+// a write for the last write (write after write) and for the reads since
+// (write after read). The lists go to this thread's unit_targets and
+// war_targets.
+class RankDependencies {
+ public:
+  RankDependencies(Graph* g) : g_(g) {}
+  // Rank r's accesses; false if their pieces are too many.
+  bool Add(Access* read, Index num_reads, Access* write, Index num_writes);
+  const std::vector<Index>& unit_targets() const { return unit_targets_; }
+  const std::vector<Index>& war_targets() const { return war_targets_; }
+
+ private:
+  struct Reader {
+    Index read, next;
+  };
+  Graph* g_;
+  Cuts cuts_;
+  // Per segment: the last write and the reads since (a list in readers_).
+  std::vector<Index> last_write_, first_reader_;
+  std::vector<Reader> readers_;
+  // The rank's edges and in-degrees over its own indices of reads and writes;
+  // marks keep each edge once (the last target that took an edge from a node).
+  Edges raw_, waw_, war_;  // write -> read, write -> write, read -> write
+  std::vector<Index> raw_need_, need_, raw_mark_, waw_mark_, war_mark_;
+  std::vector<Index> raw_at_, waw_at_, war_at_;  // per node: its edges, then where they go
+  std::vector<Index> unit_targets_, war_targets_;
+  int64_t pieces_ = 0;  // (access, segment) pairs of its ranks so far
+};
+
+bool RankDependencies::Add(Access* read, Index num_reads, Access* write, Index num_writes) {
+  auto each_access = [&](auto f) {
+    std::for_each(read, read + num_reads, f);
+    std::for_each(write, write + num_writes, f);
+  };
+  cuts_.Clear();
+  int64_t lo = -1, hi = -1;  // the last range added (often the next one's too)
+  Index lo_added = 0, hi_added = 0;
+  each_access([&](Access& a) {
+    if (a.lo != lo || a.hi != hi) {
+      lo = a.lo;
+      hi = a.hi;
+      lo_added = cuts_.Add(lo);
+      hi_added = cuts_.Add(hi);
+    }
+    a.lo = lo_added;
+    a.hi = hi_added;
+  });
+  cuts_.Number();
+  each_access([&](Access& a) {
+    a.lo = cuts_.Id(a.lo);
+    a.hi = cuts_.Id(a.hi);
+    pieces_ += a.hi - a.lo;
+  });
+  if (pieces_ > kMaxIndex) return false;
+  last_write_.assign(cuts_.Count(), -1);
+  first_reader_.assign(cuts_.Count(), -1);
+  readers_.clear();
+  raw_.clear();
+  waw_.clear();
+  war_.clear();
+  raw_need_.assign(num_reads, 0);
+  war_mark_.assign(num_reads, -1);
+  need_.assign(num_writes, 0);
+  raw_mark_.assign(num_writes, -1);
+  waw_mark_.assign(num_writes, -1);
+  // Program order: by step, the reads of a step before its writes.
+  for (Index i = 0, j = 0; i < num_reads || j < num_writes;) {
+    if (j == num_writes || (i < num_reads && read[i].step <= write[j].step)) {
+      for (int64_t s = read[i].lo; s < read[i].hi; ++s) {
+        const Index w = last_write_[s];
+        if (w >= 0 && raw_mark_[w] != i) {
+          raw_mark_[w] = i;
+          raw_.emplace_back(w, i);
+          ++raw_need_[i];
+        }
+        readers_.push_back({i, first_reader_[s]});
+        first_reader_[s] = static_cast<Index>(readers_.size() - 1);
+      }
+      ++i;
+    } else {
+      for (int64_t s = write[j].lo; s < write[j].hi; ++s) {
+        const Index w = last_write_[s];
+        if (w >= 0 && waw_mark_[w] != j) {
+          waw_mark_[w] = j;
+          waw_.emplace_back(w, j);
+          ++need_[j];
+        }
+        for (Index k = first_reader_[s]; k >= 0; k = readers_[k].next) {
+          const Index x = readers_[k].read;
+          if (war_mark_[x] != j) {
+            war_mark_[x] = j;
+            war_.emplace_back(x, j);
+            ++need_[j];
+          }
+        }
+        first_reader_[s] = -1;
+        last_write_[s] = j;
+      }
+      ++j;
+    }
+  }
+  // The rank's lists: per write its readers then its overwriters, per read its writers.
+  Count(raw_, num_writes, &raw_at_);
+  Count(waw_, num_writes, &waw_at_);
+  Count(war_, num_reads, &war_at_);
+  Index at = static_cast<Index>(unit_targets_.size());
+  for (Index j = 0; j < num_writes; ++j) {
+    Unit& u = g_->units[write[j].id];
+    u.need += need_[j];
+    u.begin = at;
+    u.split = at += raw_at_[j];
+    u.end = at += waw_at_[j];
+    raw_at_[j] = u.begin;
+    waw_at_[j] = u.split;
+  }
+  unit_targets_.resize(static_cast<size_t>(at));
+  at = static_cast<Index>(war_targets_.size());
+  for (Index i = 0; i < num_reads; ++i) {
+    Need& n = g_->needs[read[i].id];
+    n.raw_need = raw_need_[i];
+    n.war_begin = at;
+    n.war_end = at += war_at_[i];
+    war_at_[i] = n.war_begin;
+  }
+  war_targets_.resize(static_cast<size_t>(at));
+  Place(raw_, [&](Index i) { return read[i].id; }, &raw_at_, &unit_targets_);
+  Place(waw_, [&](Index j) { return write[j].id; }, &waw_at_, &unit_targets_);
+  Place(war_, [&](Index j) { return write[j].id; }, &war_at_, &war_targets_);
+  return true;
+}
+
+// Runs a() here and b() on a second thread (one after the other unless
+// `parallel`); rethrows what either threw.
+template <typename A, typename B>
+void InParallel(bool parallel, A a, B b) {
+  if (!parallel) {
+    a();
+    b();
+    return;
+  }
+  std::exception_ptr b_error;
+  std::thread thread([&] {
+    try {
+      b();
+    } catch (...) {
+      b_error = std::current_exception();
+    }
+  });
+  std::exception_ptr a_error;
+  try {
+    a();
+  } catch (...) {
+    a_error = std::current_exception();
+  }
+  thread.join();
+  if (a_error) std::rethrow_exception(a_error);
+  if (b_error) std::rethrow_exception(b_error);
+}
+
+// simulate.py's _dependencies over the ranks' accesses, the ranks shared by
+// two threads if `parallel`.
+std::string Dependencies(bool parallel, Accesses* a, Graph* g) {
+  const size_t ranks = a->read_begin.size() - 1;
+  std::vector<RankDependencies> threads(2, RankDependencies(g));
+  std::vector<uint8_t> thread_of(ranks);  // the thread that took each rank
+  std::atomic<size_t> next{0};
+  std::atomic<bool> too_many{false};
+  auto work = [&](uint8_t k) {
+    for (size_t r; !too_many && (r = next++) < ranks;) {
+      thread_of[r] = k;
+      const size_t reads = a->read_begin[r], writes = a->write_begin[r];
+      if (!threads[k].Add(a->reads.data() + reads,
+                          static_cast<Index>(a->read_begin[r + 1] - reads),
+                          a->writes.data() + writes,
+                          static_cast<Index>(a->write_begin[r + 1] - writes))) {
+        too_many = true;
+      }
+    }
+  };
+  InParallel(parallel, [&] { work(0); }, [&] { work(1); });
+  const size_t unit_base = threads[0].unit_targets().size();
+  const size_t war_base = threads[0].war_targets().size();
+  if (too_many || unit_base + threads[1].unit_targets().size() > kMaxIndex ||
+      war_base + threads[1].war_targets().size() > kMaxIndex) {
+    return "the schedule's ranges cut the buffers into more than " + std::to_string(kMaxIndex) +
+           " pieces";
+  }
+  // The lists of the second thread after those of the first.
+  for (int k = 0; k < 2; ++k) {
+    g->unit_targets.insert(g->unit_targets.end(), threads[k].unit_targets().begin(),
+                           threads[k].unit_targets().end());
+    g->war_targets.insert(g->war_targets.end(), threads[k].war_targets().begin(),
+                          threads[k].war_targets().end());
+  }
+  for (size_t r = 0; r < ranks; ++r) {
+    if (!thread_of[r]) continue;
+    for (size_t k = a->write_begin[r]; k < a->write_begin[r + 1]; ++k) {
+      Unit& u = g->units[a->writes[k].id];
+      u.begin += static_cast<Index>(unit_base);
+      u.split += static_cast<Index>(unit_base);
+      u.end += static_cast<Index>(unit_base);
+    }
+    for (size_t k = a->read_begin[r]; k < a->read_begin[r + 1]; ++k) {
+      Need& n = g->needs[a->reads[k].id];
+      n.war_begin += static_cast<Index>(war_base);
+      n.war_end += static_cast<Index>(war_base);
+    }
+  }
+  return "";
+}
+
+// simulate.py's _hops for every transfer: its route, its first hop's leg,
+// each hop as a member of its ports' queues, and the sums that simulate.py's
+// np.bincount calls make, in the same order (per hop over the transfers, then
+// the hops added up).
+void MakePaths(const SimTable& t, const Hops& hops, Paths* paths, SimResult* out) {
   const size_t ports = out->tx_busy.size();
   std::vector<double> tx_busy(kHops * ports, 0.0), rx_busy(kHops * ports, 0.0);
+  paths->legs.resize(static_cast<size_t>(t.rows));
+  paths->routes.resize(static_cast<size_t>(t.rows));
+  std::pair<Index, Index> hop_ports[kHops];
   for (Index x = 0; x < t.rows; ++x) {
-    Transfer& tr = g->transfers[x];
-    tr.taken = hops.Taken(x);
-    tr.hop = static_cast<uint8_t>(__builtin_ctz(tr.taken));
-    tr.war_pending = true;
-    for (int h = tr.hop; h < kHops; ++h) {
-      if (!(tr.taken >> h & 1)) continue;
-      const Leg leg = hops.On(x, h);
-      tx_busy[h * ports + leg.tx_port] += leg.tx;
-      rx_busy[h * ports + leg.rx_port] += leg.rx;
-      const Index tx_slot = tx_queue->Add(leg.tx_port, x);
-      const Index rx_slot = rx_queue->Add(leg.rx_port, x);
-      if (h == tr.hop) {
-        tr.leg = leg;
-        tr.tx_slot = tx_slot;
-        tr.rx_slot = rx_slot;
+    Leg& leg = paths->legs[x];
+    const uint8_t taken = hops.Ports(x, hop_ports);
+    const uint8_t first = static_cast<uint8_t>(__builtin_ctz(taken));
+    paths->routes[x] = {taken, first};
+    leg.size = hops.Size(x);
+    for (int h = first; h < kHops; ++h) {
+      if (!(taken >> h & 1)) continue;
+      const auto [tx_port, rx_port] = hop_ports[h];
+      tx_busy[h * ports + tx_port] += hops.Tx(tx_port, leg.size);
+      rx_busy[h * ports + rx_port] += hops.Rx(tx_port, rx_port, leg.size);
+      const Index tx_slot = paths->tx_queue.Add(tx_port, x);
+      const Index rx_slot = paths->rx_queue.Add(rx_port, x);
+      if (h == first) {
+        leg.tx_port = tx_port;
+        leg.rx_port = rx_port;
+        leg.tx_slot = tx_slot;
+        leg.rx_slot = rx_slot;
       } else {
-        std::vector<std::pair<Index, Index>>& slots = later_slots[h - 1];
+        std::vector<std::pair<Index, Index>>& slots = paths->later_slots[h - 1];
         if (slots.empty()) slots.resize(static_cast<size_t>(t.rows));
         slots[x] = {tx_slot, rx_slot};
       }
     }
-    const double size = static_cast<double>(t(x, kLength)) * itemsize;
-    out->bytes_sent[t(x, kSrc)] += size;
-    out->bytes_received[t(x, kDst)] += size;
+    out->bytes_sent[t(x, kSrc)] += leg.size;
+    out->bytes_received[t(x, kDst)] += leg.size;
   }
   for (int h = 0; h < kHops; ++h) {
     for (size_t r = 0; r < ports; ++r) {
@@ -595,22 +704,20 @@ void Legs(const SimTable& t, double itemsize, const Hops& hops, Graph* g, PortQu
       out->rx_busy[r] += rx_busy[h * ports + r];
     }
   }
+  paths->tx_queue.Start();
+  paths->rx_queue.Start();
 }
 
 // simulate.py's _run: the event loop; returns the completion time and the
 // units never applied.
-std::pair<double, int64_t> Run(const SimTable& t, double itemsize, const Hops& hops, Graph& g,
-                               SimResult* out) {
-  std::vector<Transfer>& transfers = g.transfers;
+std::pair<double, int64_t> Run(const Hops& hops, Paths& paths, Graph& g) {
+  std::vector<Leg>& legs = paths.legs;
+  std::vector<Route>& routes = paths.routes;
+  PortQueues &tx_queue = paths.tx_queue, &rx_queue = paths.rx_queue;
+  std::vector<Need>& needs = g.needs;
   std::vector<Unit>& units = g.units;
-  const Index ports = static_cast<Index>(out->tx_busy.size());
-  PortQueues tx_queue(ports), rx_queue(ports);
-  // Per transfer its slots on its second and third hops.
-  std::vector<std::pair<Index, Index>> later_slots[kHops - 1];
-  Legs(t, itemsize, hops, &g, &tx_queue, &rx_queue, later_slots, out);
-  tx_queue.Start();
-  rx_queue.Start();
-  const Index num = static_cast<Index>(transfers.size());
+  const Index ports = tx_queue.Ports();
+  const Index num = static_cast<Index>(legs.size());
   const Index num2 = 2 * num, num3 = 3 * num;  // Check: 4 num fits
   std::vector<uint8_t> tx_idle(ports, 1), rx_idle(ports, 1);
   // Idle ports that may start a message now.
@@ -620,20 +727,21 @@ std::pair<double, int64_t> Run(const SimTable& t, double itemsize, const Hops& h
   Events events;
   std::vector<Index> stack;    // units whose dependencies are all met
   auto ready = [&](Index x) {  // the transfer waits for its tx port
-    const Transfer& tr = transfers[x];
-    tx_queue.Push(tr.leg.tx_port, tr.tx_slot);
-    if (tx_idle[tr.leg.tx_port]) tx_dirty.push_back(tr.leg.tx_port);
+    const Leg& leg = legs[x];
+    tx_queue.Push(leg.tx_port, leg.tx_slot);
+    if (tx_idle[leg.tx_port]) tx_dirty.push_back(leg.tx_port);
   };
   for (Index x = 0; x < num; ++x) {
-    const Transfer& tr = transfers[x];
-    if (!tr.raw_need) tx_queue.Push(tr.leg.tx_port, tr.tx_slot);
+    if (!needs[x].raw_need) tx_queue.Push(legs[x].tx_port, legs[x].tx_slot);
   }
   auto next_hop = [&](Index x) {  // at a relay: on to the next hop it takes
-    Transfer& tr = transfers[x];
-    tr.hop = static_cast<uint8_t>(__builtin_ctz(tr.taken >> (tr.hop + 1) << (tr.hop + 1)));
-    tr.leg = hops.On(x, tr.hop);
-    tr.tx_slot = later_slots[tr.hop - 1][x].first;
-    tr.rx_slot = later_slots[tr.hop - 1][x].second;
+    Route& route = routes[x];
+    route.hop = static_cast<uint8_t>(__builtin_ctz(route.taken >> (route.hop + 1) << (route.hop + 1)));
+    std::pair<Index, Index> hop_ports[kHops];
+    hops.Ports(x, hop_ports);
+    Leg& leg = legs[x];
+    std::tie(leg.tx_port, leg.rx_port) = hop_ports[route.hop];
+    std::tie(leg.tx_slot, leg.rx_slot) = paths.later_slots[route.hop - 1][x];
     ready(x);
   };
   auto deliver = [&](Index u) {
@@ -647,7 +755,7 @@ std::pair<double, int64_t> Run(const SimTable& t, double itemsize, const Hops& h
       if (tx_idle[r] && !tx_queue.Empty(r)) {
         const Index x = tx_queue.Pop(r);
         tx_idle[r] = 0;
-        events.Push(now + transfers[x].leg.tx, x);
+        events.Push(now + hops.Tx(r, legs[x].size), x);
       }
     }
     tx_dirty.clear();
@@ -655,7 +763,7 @@ std::pair<double, int64_t> Run(const SimTable& t, double itemsize, const Hops& h
       if (rx_idle[r] && !rx_queue.Empty(r)) {
         const Index x = rx_queue.Pop(r);
         rx_idle[r] = 0;
-        events.Push(now + transfers[x].leg.rx, num + x);
+        events.Push(now + hops.Rx(legs[x].tx_port, r, legs[x].size), num + x);
       }
     }
     rx_dirty.clear();
@@ -663,32 +771,35 @@ std::pair<double, int64_t> Run(const SimTable& t, double itemsize, const Hops& h
     now = events.Take();
     for (Index code; events.Next(&code);) {
       if (code < num) {  // left the tx port: waits for the rx port
-        Transfer& tr = transfers[code];
-        tx_idle[tr.leg.tx_port] = 1;
-        tx_dirty.push_back(tr.leg.tx_port);
-        rx_queue.Push(tr.leg.rx_port, tr.rx_slot);
-        if (rx_idle[tr.leg.rx_port]) rx_dirty.push_back(tr.leg.rx_port);
-        if (tr.war_pending) {  // the source's range is free once read
-          tr.war_pending = false;
-          for (Index k = tr.war_begin; k < tr.war_end; ++k) deliver(g.war_targets[k]);
+        const Leg& leg = legs[code];
+        tx_idle[leg.tx_port] = 1;
+        tx_dirty.push_back(leg.tx_port);
+        rx_queue.Push(leg.rx_port, leg.rx_slot);
+        if (rx_idle[leg.rx_port]) rx_dirty.push_back(leg.rx_port);
+        const Route& route = routes[code];
+        if (route.hop == __builtin_ctz(route.taken)) {  // the source's range is free once read
+          const Need& n = needs[code];
+          for (Index k = n.war_begin; k < n.war_end; ++k) deliver(g.war_targets[k]);
         }
       } else if (code < num2) {  // left the rx port: delivered (or at the relay)
         const Index x = code - num;
-        const Transfer& tr = transfers[x];
-        rx_idle[tr.leg.rx_port] = 1;
-        rx_dirty.push_back(tr.leg.rx_port);
-        const bool relayed = tr.taken >> (tr.hop + 1);
-        if (tr.leg.delay != 0.0) {
-          events.Push(now + tr.leg.delay, code + (relayed ? num2 : num));
+        const Leg& leg = legs[x];
+        rx_idle[leg.rx_port] = 1;
+        rx_dirty.push_back(leg.rx_port);
+        const Route& route = routes[x];
+        const bool relayed = route.taken >> (route.hop + 1);
+        const double delay = hops.Delay(leg.tx_port, leg.rx_port);
+        if (delay != 0.0) {
+          events.Push(now + delay, code + (relayed ? num2 : num));
         } else if (relayed) {
           next_hop(x);
         } else {
-          deliver(tr.unit);
+          deliver(needs[x].unit);
         }
       } else if (code >= num3) {
         next_hop(code - num3);
       } else {
-        deliver(transfers[code - num2].unit);
+        deliver(needs[code - num2].unit);
       }
       while (!stack.empty()) {  // apply writes; release their readers and later writers
         const Unit& u = units[stack.back()];
@@ -697,7 +808,7 @@ std::pair<double, int64_t> Run(const SimTable& t, double itemsize, const Hops& h
         last = now;
         for (Index k = u.begin; k < u.split; ++k) {
           const Index x = g.unit_targets[k];
-          if (!--transfers[x].raw_need) ready(x);
+          if (!--needs[x].raw_need) ready(x);
         }
         for (Index k = u.split; k < u.end; ++k) deliver(g.unit_targets[k]);
       }
@@ -708,10 +819,6 @@ std::pair<double, int64_t> Run(const SimTable& t, double itemsize, const Hops& h
 
 std::string Check(const SimTable& t, double itemsize, int64_t nranks, int64_t length,
                   int64_t num_steps, const SimNetwork& n) {
-  if (t.columns != kColumns) {
-    return "the table has " + std::to_string(t.columns) + " columns, not " +
-           std::to_string(kColumns);
-  }
   if (t.rows > kMaxIndex / 4) return "the table has too many rows: " + std::to_string(t.rows);
   if (nranks < 1 || nranks > kMaxIndex / 2 || length < 0 || num_steps < 0 ||
       !(itemsize > 0 && std::isfinite(itemsize))) {
@@ -742,7 +849,7 @@ std::string Check(const SimTable& t, double itemsize, int64_t nranks, int64_t le
   // The ports of the Topology's rules, so that every time is a number >= 0.
   auto bandwidth = [](double b) { return b > 0 && std::isfinite(b); };
   auto latency = [](double s) { return s >= 0 && std::isfinite(s); };
-  for (const Strided<double>* a : {&n.send, &n.recv, &n.latency}) {
+  for (const Span<double>* a : {&n.send, &n.recv, &n.latency}) {
     if (a->size != nranks) return "needs per-rank ports for " + std::to_string(nranks) + " ranks";
   }
   for (int64_t r = 0; r < nranks; ++r) {
@@ -776,17 +883,25 @@ std::string Check(const SimTable& t, double itemsize, int64_t nranks, int64_t le
 
 std::string Simulate(const SimTable& table, double itemsize, int64_t nranks, int64_t length,
                      int64_t num_steps, const SimNetwork& network, SimResult* out) {
-  std::string err = Check(table, itemsize, nranks, length, num_steps, network);
-  if (!err.empty()) return err;
-  Graph graph;
-  err = Dependencies(table, nranks, &graph);
+  const std::string err = Check(table, itemsize, nranks, length, num_steps, network);
   if (!err.empty()) return err;
   out->tx_busy.assign(static_cast<size_t>(2 * nranks), 0.0);
   out->rx_busy.assign(static_cast<size_t>(2 * nranks), 0.0);
   out->bytes_sent.assign(static_cast<size_t>(nranks), 0.0);
   out->bytes_received.assign(static_cast<size_t>(nranks), 0.0);
   const Hops hops(table, itemsize, network);
-  std::tie(out->time, out->unapplied) = Run(table, itemsize, hops, graph, out);
+  Paths paths(static_cast<Index>(2 * nranks));
+  Graph graph;
+  Accesses accesses;
+  // Two threads where they save more than they cost to start.
+  const bool parallel = table.rows >= kParallelRows;
+  InParallel(
+      parallel, [&] { MakeUnits(table, static_cast<size_t>(nranks), &graph, &accesses); },
+      [&] { MakePaths(table, hops, &paths, out); });
+  const std::string too_many = Dependencies(parallel, &accesses, &graph);
+  if (!too_many.empty()) return too_many;
+  accesses = {};
+  std::tie(out->time, out->unapplied) = Run(hops, paths, graph);
   return "";
 }
 

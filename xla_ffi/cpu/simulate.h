@@ -9,36 +9,32 @@
 #include <string>
 #include <vector>
 
+#include "jaxcc/schedule.h"
+
 namespace jaxcc {
 
-// `size` values at `data`, `stride` elements apart.
+// `size` values at `data`.
 template <typename T>
-struct Strided {
+struct Span {
   const T* data;
   int64_t size;
-  int64_t stride;
-  T operator[](int64_t i) const { return data[i * stride]; }
+  T operator[](int64_t i) const { return data[i]; }
 };
 
 // Schedule.table: `rows` rows of the columns of jaxcc/schedule.h, sorted by step.
 struct SimTable {
   const int64_t* data;
   int64_t rows;
-  int64_t columns;
-  int64_t row_stride;
-  int64_t column_stride;
-  int64_t operator()(int64_t row, int64_t column) const {
-    return data[row * row_stride + column * column_stride];
-  }
+  int64_t operator()(int64_t row, int64_t column) const { return data[row * kColumns + column]; }
 };
 
 // The ports of a Topology, one entry per rank. `clusters` false: a flat
 // topology, and the other fields are unused.
 struct SimNetwork {
-  Strided<double> send, recv, latency;
+  Span<double> send, recv, latency;
   bool clusters;
-  Strided<int64_t> cluster, relay;  // Topology.cluster and Topology.relay(rank)
-  Strided<double> inter_send, inter_recv, inter_latency;
+  Span<int64_t> cluster, relay;  // Topology.cluster and Topology.relay(rank)
+  Span<double> inter_send, inter_recv, inter_latency;
   bool port_blocking_latency;
 };
 
