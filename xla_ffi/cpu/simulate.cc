@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -25,6 +27,26 @@ constexpr int64_t kMaxIndex = std::numeric_limits<Index>::max();
 // A transfer's hops: to its relay, across clusters (or its only hop), from the relay.
 constexpr int kHops = 3;
 constexpr int64_t kParallelRows = 1 << 14;
+
+// A std::vector whose resize leaves trivial values uninitialised, for large
+// arrays whose every value is written before it is read.
+template <typename T>
+struct NoInit : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = NoInit<U>;
+  };
+  template <typename U>
+  void construct(U* p) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+template <typename T>
+using Array = std::vector<T, NoInit<T>>;
 
 // simulate.py's _hops, a transfer at a time. Ports 0..p-1 are the ranks'
 // intra (or only) ports, p..2p-1 their cross-cluster ports; a hop holds its
@@ -338,8 +360,8 @@ struct Route {
 // the ports, and per transfer its slots on its second and third hops.
 struct Paths {
   explicit Paths(Index ports) : tx_queue(ports), rx_queue(ports) {}
-  std::vector<Leg> legs;
-  std::vector<Route> routes;
+  Array<Leg> legs;
+  Array<Route> routes;
   PortQueues tx_queue, rx_queue;
   std::vector<std::pair<Index, Index>> later_slots[kHops - 1];
 };
@@ -361,7 +383,7 @@ struct Unit {
 
 // simulate.py's _dependencies.
 struct Graph {
-  std::vector<Need> needs;  // per transfer
+  Array<Need> needs;  // per transfer
   std::vector<Unit> units;
   std::vector<Index> unit_targets, war_targets;
 };
@@ -376,7 +398,7 @@ struct Access {
 // The reads and writes of every rank: rank r's reads are
 // reads[read_begin[r]:read_begin[r + 1]], each in step order, and so for writes.
 struct Accesses {
-  std::vector<Access> reads, writes;
+  Array<Access> reads, writes;
   std::vector<size_t> read_begin, write_begin;
 };
 
@@ -711,10 +733,10 @@ void MakePaths(const SimTable& t, const Hops& hops, Paths* paths, SimResult* out
 // simulate.py's _run: the event loop; returns the completion time and the
 // units never applied.
 std::pair<double, int64_t> Run(const Hops& hops, Paths& paths, Graph& g) {
-  std::vector<Leg>& legs = paths.legs;
-  std::vector<Route>& routes = paths.routes;
+  Array<Leg>& legs = paths.legs;
+  Array<Route>& routes = paths.routes;
   PortQueues &tx_queue = paths.tx_queue, &rx_queue = paths.rx_queue;
-  std::vector<Need>& needs = g.needs;
+  Array<Need>& needs = g.needs;
   std::vector<Unit>& units = g.units;
   const Index ports = tx_queue.Ports();
   const Index num = static_cast<Index>(legs.size());
