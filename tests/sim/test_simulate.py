@@ -295,18 +295,6 @@ def test_native_equals_python_on_plans(both_paths, p):
             both_paths(schedule, topology, port_blocking_latency=blocking)
 
 
-def test_native_equals_python_on_large_schedules(both_paths):
-  # Large enough for the CPU module to share the work between two threads.
-  flat = straggler(32, 0.5, 25e9, 1e-6)
-  relays = Topology.clusters([12, 12], 25e9, [2.5e9 if r % 3 == 0 else 0.0 for r in range(24)],
-                             latency=1e-6, inter_latency=4e-6)
-  for schedule, topology in ((plan("all_reduce", 1 << 26, flat, "optcc"), flat),
-                             (plan("all_reduce", 1 << 24, relays, "hierarchical", chunks=64),
-                              relays)):
-    assert len(schedule.table) >= 1 << 14
-    both_paths(schedule, topology, port_blocking_latency=topology is flat)
-
-
 def random_schedule(rng, p, length, steps):
   """A valid all_reduce table of random copies and reduces (Schedule.validate's rules)."""
   rows = []
@@ -351,11 +339,25 @@ def random_topology(rng, p):
                   tuple(rng.choice([0.0, 0.5, 1.25], p)))
 
 
+def test_native_equals_python_on_large_schedules(both_paths):
+  # Large enough for the CPU module to share the work between two threads.
+  flat = straggler(32, 0.5, 25e9, 1e-6)
+  relays = Topology.clusters([12, 12], 25e9, [2.5e9 if r % 3 == 0 else 0.0 for r in range(24)],
+                             latency=1e-6, inter_latency=4e-6)
+  rng = np.random.default_rng(3)
+  cases = ((plan("all_reduce", 1 << 26, flat, "optcc"), flat),
+           (plan("all_reduce", 1 << 24, relays, "hierarchical", chunks=64), relays),
+           (random_schedule(rng, 24, 64, 1400), random_topology(rng, 24)))
+  for schedule, topology in cases:
+    assert len(schedule.table) >= 1 << 14
+    both_paths(schedule, topology, port_blocking_latency=topology is flat)
+
+
 def test_native_equals_python_on_random_schedules(both_paths):
   rng = np.random.default_rng(7)
-  for _ in range(300):
+  for _ in range(400):
     p = int(rng.integers(2, 9))
-    schedule = random_schedule(rng, p, int(rng.integers(1, 24)), int(rng.integers(1, 12)))
+    schedule = random_schedule(rng, p, int(rng.integers(1, 24)), int(rng.integers(1, 20)))
     topology = random_topology(rng, p)
     both_paths(schedule, topology, port_blocking_latency=bool(rng.random() < 0.5))
 
