@@ -699,8 +699,8 @@ void MakePaths(const SimTable& t, const Hops& hops, Paths* paths, SimResult* out
     const uint8_t first = static_cast<uint8_t>(__builtin_ctz(taken));
     paths->routes[x] = {taken, first};
     leg.size = hops.Size(x);
-    for (int h = first; h < kHops; ++h) {
-      if (!(taken >> h & 1)) continue;
+    for (unsigned hops_left = taken; hops_left; hops_left &= hops_left - 1) {
+      const int h = __builtin_ctz(hops_left);
       const auto [tx_port, rx_port] = hop_ports[h];
       tx_busy[h * ports + tx_port] += hops.Tx(tx_port, leg.size);
       rx_busy[h * ports + rx_port] += hops.Rx(tx_port, rx_port, leg.size);
