@@ -266,14 +266,13 @@ def both_paths(monkeypatch):
 
 
 def topologies(p):
-  """Flat with a straggler and latency, and clusters (with ranks that relay) of p ranks."""
+  """Flat with a straggler and latency, and clusters (with ranks that relay) of p >= 2 ranks."""
+  sizes = [p // 2, p - p // 2]
+  inter = [1e9 if r % 2 == 0 else 0.0 for r in range(p)]  # odd ranks relay through even ones
+  inter[sizes[0]] = 5e8  # every cluster has a border rank
   out = [Topology.from_bandwidths([3e9] * (p - 1) + [1e9], 2e-6,
-                                  [2e9] + [3e9] * (p - 1)).with_straggler(0, 0.75)]
-  if p >= 2:
-    sizes = [p // 2, p - p // 2]
-    inter = [1e9 if r % 2 == 0 else 0.0 for r in range(p)]  # odd ranks relay through even ones
-    inter[sizes[0]] = 5e8  # every cluster has a border rank
-    out.append(Topology.clusters(sizes, [4e9, 2e9], inter, latency=1e-6, inter_latency=5e-6))
+                                  [2e9] + [3e9] * (p - 1)).with_straggler(0, 0.75),
+         Topology.clusters(sizes, [4e9, 2e9], inter, latency=1e-6, inter_latency=5e-6)]
   if p >= 3:
     out.append(Topology.clusters([1, p - 2, 1], 4e9, 1e9, latency=3e-7).with_straggler(
         p - 1, 0.5, level="inter"))
@@ -297,6 +296,10 @@ def test_native_equals_python_on_plans(both_paths, p):
 
 def random_schedule(rng, p, length, steps):
   """A valid all_reduce table of random copies and reduces (Schedule.validate's rules)."""
+
+  def overlaps(ranges, lo, hi):
+    return any(lo < b and a < hi for a, b in ranges)
+
   rows = []
   for step in range(steps):
     writes = {}  # dst -> [(lo, hi)] written in this step
@@ -306,15 +309,16 @@ def random_schedule(rng, p, length, steps):
     for _ in range(int(rng.integers(1, 3 * p))):
       src, dst = (int(r) for r in rng.choice(p, 2, replace=False))
       op = REDUCE if rng.random() < 0.4 else COPY
-      n = int(rng.integers(1, length + 1))
-      lo = groups[dst][0] if op == REDUCE and dst in groups else int(rng.integers(0, length - n + 1))
-      n = groups[dst][1] - lo if op == REDUCE and dst in groups else n
+      if op == REDUCE and dst in groups:  # the group's range
+        lo, n = groups[dst][0], groups[dst][1] - groups[dst][0]
+      else:
+        n = int(rng.integers(1, length + 1))
+        lo = int(rng.integers(0, length - n + 1))
       src_lo = int(rng.integers(0, length - n + 1))
-      overlap = lambda ranges, a, b: any(a < hi and lo_ < b for lo_, hi in ranges)
       new_write = not (op == REDUCE and dst in groups)
-      if ((src, dst) in pairs or (new_write and overlap(writes.get(dst, []), lo, lo + n))
-          or overlap(reads.get(dst, []), lo, lo + n)
-          or overlap(writes.get(src, []), src_lo, src_lo + n)):
+      if ((src, dst) in pairs or (new_write and overlaps(writes.get(dst, []), lo, lo + n))
+          or overlaps(reads.get(dst, []), lo, lo + n)
+          or overlaps(writes.get(src, []), src_lo, src_lo + n)):
         continue
       pairs.add((src, dst))
       if new_write:

@@ -225,9 +225,8 @@ NB_MODULE(_jaxcc_cpu, m) {
   m.def(
       "simulate",
       [](nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> table,
-         double itemsize,
-         int64_t nranks, int64_t length, int64_t num_steps, const Vector<double>& send,
-         const Vector<double>& recv, const Vector<double>& latency,
+         double itemsize, int64_t nranks, int64_t length, int64_t num_steps,
+         const Vector<double>& send, const Vector<double>& recv, const Vector<double>& latency,
          const std::optional<std::tuple<Vector<int64_t>, Vector<int64_t>, Vector<double>,
                                         Vector<double>, Vector<double>>>& clusters,
          bool port_blocking_latency) {

@@ -758,7 +758,8 @@ std::pair<double, int64_t> Run(const Hops& hops, Paths& paths, Graph& g) {
   }
   auto next_hop = [&](Index x) {  // at a relay: on to the next hop it takes
     Route& route = routes[x];
-    route.hop = static_cast<uint8_t>(__builtin_ctz(route.taken >> (route.hop + 1) << (route.hop + 1)));
+    const unsigned later = route.taken >> (route.hop + 1) << (route.hop + 1);
+    route.hop = static_cast<uint8_t>(__builtin_ctz(later));
     std::pair<Index, Index> hop_ports[kHops];
     hops.Ports(x, hop_ports);
     Leg& leg = legs[x];
