@@ -26,6 +26,7 @@ using Index = int32_t;  // of a transfer, unit, segment, port, edge or event
 constexpr int64_t kMaxIndex = std::numeric_limits<Index>::max();
 // A transfer's hops: to its relay, across clusters (or its only hop), from the relay.
 constexpr int kHops = 3;
+// From this many transfers on, two threads share the work before the event loop.
 constexpr int64_t kParallelRows = 1 << 14;
 
 // A std::vector whose resize leaves trivial values uninitialised, for large
@@ -477,11 +478,11 @@ void Place(const Edges& edges, Target target, std::vector<Index>* at, std::vecto
 // war_targets.
 class RankDependencies {
  public:
-  RankDependencies(Graph* g) : g_(g) {}
-  // Rank r's accesses; false if their pieces are too many.
+  explicit RankDependencies(Graph* g) : g_(g) {}
+  // A rank's accesses; false if the pieces of this thread's ranks are too many.
   bool Add(Access* read, Index num_reads, Access* write, Index num_writes);
-  const std::vector<Index>& unit_targets() const { return unit_targets_; }
-  const std::vector<Index>& war_targets() const { return war_targets_; }
+  std::vector<Index>& unit_targets() { return unit_targets_; }
+  std::vector<Index>& war_targets() { return war_targets_; }
 
  private:
   struct Reader {
@@ -660,12 +661,12 @@ std::string Dependencies(bool parallel, Accesses* a, Graph* g) {
            " pieces";
   }
   // The lists of the second thread after those of the first.
-  for (int k = 0; k < 2; ++k) {
-    g->unit_targets.insert(g->unit_targets.end(), threads[k].unit_targets().begin(),
-                           threads[k].unit_targets().end());
-    g->war_targets.insert(g->war_targets.end(), threads[k].war_targets().begin(),
-                          threads[k].war_targets().end());
-  }
+  g->unit_targets = std::move(threads[0].unit_targets());
+  g->unit_targets.insert(g->unit_targets.end(), threads[1].unit_targets().begin(),
+                         threads[1].unit_targets().end());
+  g->war_targets = std::move(threads[0].war_targets());
+  g->war_targets.insert(g->war_targets.end(), threads[1].war_targets().begin(),
+                        threads[1].war_targets().end());
   for (size_t r = 0; r < ranks; ++r) {
     if (!thread_of[r]) continue;
     for (size_t k = a->write_begin[r]; k < a->write_begin[r + 1]; ++k) {
@@ -916,7 +917,6 @@ std::string Simulate(const SimTable& table, double itemsize, int64_t nranks, int
   Paths paths(static_cast<Index>(2 * nranks));
   Graph graph;
   Accesses accesses;
-  // Two threads where they save more than they cost to start.
   const bool parallel = table.rows >= kParallelRows;
   InParallel(
       parallel, [&] { MakeUnits(table, static_cast<size_t>(nranks), &graph, &accesses); },
