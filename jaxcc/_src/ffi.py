@@ -4,7 +4,8 @@ Importing jaxcc loads nothing native: the planner, the simulator and the
 topologies work without a build. Code that emits a native op calls
 :func:`load` when it traces or lowers the op, before XLA compiles it; the
 first call imports the modules, checks them and registers their targets,
-later calls return the same :class:`Native`.
+later calls return the same :class:`Native`. The simulator calls
+:func:`cpu_module_or_none`: the CPU module where it loads, else None.
 
 ``_jaxcc_cpu`` is required; its targets are registered for platform "cpu".
 ``_jaxcc_cuda`` is optional: when it was built (nvcc found at build time), its
@@ -108,6 +109,14 @@ def load() -> Native:
         _register(cuda, "CUDA")
       _native = Native(cpu, cuda)
     return _native
+
+
+def cpu_module_or_none() -> types.ModuleType | None:
+  """``load().cpu``, or None where the native modules are missing or do not load."""
+  try:
+    return load().cpu
+  except ImportError:
+    return None
 
 
 def runtime_ffi_api_version() -> tuple[int, int] | None:

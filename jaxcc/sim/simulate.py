@@ -29,7 +29,10 @@ where the data allows; the data it computes equals the step-by-step (BSP) run:
   left the tx port (write after read), and once every earlier overlapping write
   into that rank is applied (write after write).
 
-The completion time is the last time a write is applied.
+The completion time is the last time a write is applied. The hops, the
+dependencies and the event loop run in the CPU module (``_jaxcc_cpu.simulate``)
+where it is built, else in Python (``_timing``); both give the same numbers,
+bit for bit.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxcc._src import ffi
 from jaxcc.schedules.ir import REDUCE, Schedule
 from jaxcc.schedules.tables import starts, unique
 from jaxcc.topology import Topology
@@ -93,16 +97,48 @@ def simulate(schedule: Schedule, topology: Topology, *,
   if topology.size != p:
     raise ValueError(f"{API}: topology has {topology.size} ranks but the schedule has {p}")
   table = schedule.validate(API).table
+  native = ffi.cpu_module_or_none()
+  if native is not None:
+    time, unapplied, busy_tx, busy_rx, sent, received = native.simulate(
+        table, float(schedule.itemsize), p, schedule.length, schedule.num_steps,
+        *_ports(topology), port_blocking_latency)
+  else:
+    time, unapplied, busy_tx, busy_rx, sent, received = _timing(schedule, topology,
+                                                                port_blocking_latency)
+  if unapplied:
+    raise RuntimeError(f"{API}: {unapplied} writes never applied (a dependency cycle)")
+  busy_tx, busy_rx = np.asarray(busy_tx), np.asarray(busy_rx)
+  inter_bytes = 0.0
+  if topology.cluster is not None:
+    _, src, dst, _, _, n, _ = table.T
+    cluster = np.asarray(topology.cluster)
+    inter_bytes = float((n * float(schedule.itemsize))[cluster[src] != cluster[dst]].sum())
+  return SimResult(
+      time=time,
+      tx_busy=busy_tx[:p],
+      rx_busy=busy_rx[:p],
+      bytes_sent=np.asarray(sent),
+      bytes_received=np.asarray(received),
+      num_messages=len(table),
+      inter_tx_busy=busy_tx[p:],
+      inter_rx_busy=busy_rx[p:],
+      inter_bytes=inter_bytes)
+
+
+def _timing(schedule: Schedule, topology: Topology, port_blocking_latency: bool):
+  """``_jaxcc_cpu.simulate`` in Python: (time, writes never applied, tx and rx busy seconds per
+  port, bytes sent and received per rank)."""
+  table, p = schedule.table, schedule.nranks
   _, src, dst, _, _, n, _ = table.T
   size = n * float(schedule.itemsize)
   hops = _hops(src, dst, size, topology, port_blocking_latency)
-  time = 0.0
+  time, unapplied = 0.0, 0
   if len(table):
     # Millions of small lists and tuples: the cyclic GC only costs time here.
     enabled = gc.isenabled()
     gc.disable()
     try:
-      time = _run(hops, *_dependencies(schedule), 2 * p)
+      time, unapplied = _run(hops, *_dependencies(schedule), 2 * p)
     finally:
       if enabled:
         gc.enable()
@@ -112,18 +148,22 @@ def simulate(schedule: Schedule, topology: Topology, *,
     on = txp >= 0
     busy_tx += np.bincount(txp[on], weights=tx[on], minlength=2 * p)
     busy_rx += np.bincount(rxp[on], weights=rx[on], minlength=2 * p)
-  cluster = np.asarray(topology.cluster if topology.cluster is not None else np.zeros(p, int))
-  cross = cluster[src] != cluster[dst]
-  return SimResult(
-      time=time,
-      tx_busy=busy_tx[:p],
-      rx_busy=busy_rx[:p],
-      bytes_sent=np.bincount(src, weights=size, minlength=p),
-      bytes_received=np.bincount(dst, weights=size, minlength=p),
-      num_messages=len(table),
-      inter_tx_busy=busy_tx[p:],
-      inter_rx_busy=busy_rx[p:],
-      inter_bytes=float(size[cross].sum()))
+  return (time, unapplied, busy_tx, busy_rx, np.bincount(src, weights=size, minlength=p),
+          np.bincount(dst, weights=size, minlength=p))
+
+
+def _ports(topology: Topology):
+  """The ports of ``topology`` as arrays: send, recv and latency per rank, and for clusters
+  (else None) cluster, relay (``Topology.relay``), inter_send, inter_recv and inter_latency per
+  rank."""
+  ports = (np.asarray(topology.send_bandwidth), np.asarray(topology.recv_bandwidth),
+           np.asarray(topology.latency))
+  if topology.cluster is None:
+    return (*ports, None)
+  relay = np.array([topology.relay(r) for r in range(topology.size)])
+  return (*ports, (np.asarray(topology.cluster), relay,
+                   np.asarray(topology.inter_send_bandwidth),
+                   np.asarray(topology.inter_recv_bandwidth), np.asarray(topology.inter_latency)))
 
 
 def _hops(src, dst, size, topology: Topology, port_blocking_latency: bool):
@@ -134,17 +174,11 @@ def _hops(src, dst, size, topology: Topology, port_blocking_latency: bool):
   ``tx_port == -1``.
   """
   p = topology.size
-  send = np.asarray(topology.send_bandwidth)
-  recv = np.asarray(topology.recv_bandwidth)
-  latency = np.asarray(topology.latency)
-  if topology.cluster is None:
+  send, recv, latency, clusters = _ports(topology)
+  if clusters is None:
     hops = [(src, dst, size / send[src], size / recv[dst], np.maximum(latency[src], latency[dst]))]
   else:
-    cluster = np.asarray(topology.cluster)
-    relay = np.array([topology.relay(r) for r in range(p)])
-    isend = np.asarray(topology.inter_send_bandwidth)
-    irecv = np.asarray(topology.inter_recv_bandwidth)
-    ilat = np.asarray(topology.inter_latency)
+    cluster, relay, isend, irecv, ilat = clusters
     cross = cluster[src] != cluster[dst]
     a, b = np.where(cross, relay[src], src), np.where(cross, relay[dst], dst)
 
@@ -239,7 +273,7 @@ def _adjacency(frm, to, count) -> list[list[int]]:
 
 
 def _run(hops, unit_of, need, raw_need, raw_out, waw_out, war_out, ports):
-  """The event loop over ``ports`` tx and rx ports; returns the completion time."""
+  """The event loop over ``ports`` tx and rx ports: (completion time, writes never applied)."""
   # Per transfer its current hop; the later hops of multi-hop transfers wait in `more`.
   real = np.array([h[0] >= 0 for h in hops])  # (hops, transfers)
   first = np.argmax(real, axis=0)
@@ -333,9 +367,7 @@ def _run(hops, unit_of, need, raw_need, raw_out, waw_out, war_out, ports):
             stack.append(v)
       if not events or events[0][0] > now:
         break
-  if pending:
-    raise RuntimeError(f"{API}: {pending} writes never applied (a dependency cycle)")
-  return last
+  return last, pending
 
 
 def _next_hop(x, more, txp, rxp, tx, rx, delay, tx_queue, tx_idle, tx_mark):

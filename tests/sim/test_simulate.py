@@ -5,6 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
+from jaxcc._src import ffi
 from jaxcc.planner import ALGORITHMS, plan
 from jaxcc.schedules.ir import COPY, REDUCE
 from jaxcc.sim import ScheduleError, SimResult, simulate
@@ -242,3 +243,148 @@ def test_plan_schedules_never_beat_the_bound(p):
           bound = lower_bound(collective, nbytes, topology, **kw)
           for blocking in (False, True):
             assert simulate(schedule, topology, port_blocking_latency=blocking).time >= bound
+
+
+# --- the CPU module's simulate against the Python one ------------------------------------------
+
+@pytest.fixture
+def both_paths(monkeypatch):
+  """``simulate`` through the CPU module and through Python, checked equal in every field."""
+  assert ffi.cpu_module_or_none() is not None, "the CPU module is not built (make install)"
+
+  def run(schedule, topology, port_blocking_latency=False):
+    native = simulate(schedule, topology, port_blocking_latency=port_blocking_latency)
+    with monkeypatch.context() as m:
+      m.setattr(ffi, "cpu_module_or_none", lambda: None)
+      python = simulate(schedule, topology, port_blocking_latency=port_blocking_latency)
+    assert native.time == python.time, (schedule.algorithm, native.time, python.time)
+    for name in SimResult._fields:
+      np.testing.assert_array_equal(getattr(native, name), getattr(python, name), err_msg=name)
+    return native
+
+  return run
+
+
+def topologies(p):
+  """Flat with a straggler and latency, and clusters (with ranks that relay) of p >= 2 ranks."""
+  sizes = [p // 2, p - p // 2]
+  inter = [1e9 if r % 2 == 0 else 0.0 for r in range(p)]  # odd ranks relay through even ones
+  inter[sizes[0]] = 5e8  # every cluster has a border rank
+  out = [Topology.from_bandwidths([3e9] * (p - 1) + [1e9], 2e-6,
+                                  [2e9] + [3e9] * (p - 1)).with_straggler(0, 0.75),
+         Topology.clusters(sizes, [4e9, 2e9], inter, latency=1e-6, inter_latency=5e-6)]
+  if p >= 3:
+    out.append(Topology.clusters([1, p - 2, 1], 4e9, 1e9, latency=3e-7).with_straggler(
+        p - 1, 0.5, level="inter"))
+  return out
+
+
+@pytest.mark.parametrize("p", range(2, 10))
+def test_native_equals_python_on_plans(both_paths, p):
+  kw = {"ppermute": {"perm": [(i, (i + 3) % p) for i in range(p)]}}
+  for topology in topologies(p):
+    for collective, names in ALGORITHMS.items():
+      # reduce_scatter and all_gather need length divisible by p.
+      length = (2 * p + 1) * (p if collective in ("reduce_scatter", "all_gather") else 1)
+      for name in names:
+        for chunks in (1, 3, 8):
+          schedule = plan(collective, 4 * length, topology, name, chunks=chunks,
+                          root=p // 2, **kw.get(collective, {}))
+          for blocking in (False, True):
+            both_paths(schedule, topology, port_blocking_latency=blocking)
+
+
+def random_schedule(rng, p, length, steps):
+  """A valid all_reduce table of random copies and reduces (Schedule.validate's rules)."""
+
+  def overlaps(ranges, lo, hi):
+    return any(lo < b and a < hi for a, b in ranges)
+
+  rows = []
+  for step in range(steps):
+    writes = {}  # dst -> [(lo, hi)] written in this step
+    reads = {}   # src -> [(lo, hi)] sent in this step
+    groups = {}  # dst -> the reduce range
+    pairs = set()
+    for _ in range(int(rng.integers(1, 3 * p))):
+      src, dst = (int(r) for r in rng.choice(p, 2, replace=False))
+      op = REDUCE if rng.random() < 0.4 else COPY
+      if op == REDUCE and dst in groups:  # the group's range
+        lo, n = groups[dst][0], groups[dst][1] - groups[dst][0]
+      else:
+        n = int(rng.integers(1, length + 1))
+        lo = int(rng.integers(0, length - n + 1))
+      src_lo = int(rng.integers(0, length - n + 1))
+      new_write = not (op == REDUCE and dst in groups)
+      if ((src, dst) in pairs or (new_write and overlaps(writes.get(dst, []), lo, lo + n))
+          or overlaps(reads.get(dst, []), lo, lo + n)
+          or overlaps(writes.get(src, []), src_lo, src_lo + n)):
+        continue
+      pairs.add((src, dst))
+      if new_write:
+        writes.setdefault(dst, []).append((lo, lo + n))
+      if op == REDUCE:
+        groups[dst] = (lo, lo + n)
+      reads.setdefault(src, []).append((src_lo, src_lo + n))
+      rows.append((step, src, dst, src_lo, lo, n, op))
+  return build("all_reduce", p, length, rows, itemsize=int(rng.integers(1, 9)))
+
+
+def random_topology(rng, p):
+  send, recv = rng.uniform(1.0, 4.0, p), rng.uniform(1.0, 4.0, p)
+  latency = rng.choice([0.0, 0.1, 0.37], p)
+  if p < 2 or rng.random() < 0.4:
+    return Topology(tuple(send), tuple(recv), tuple(latency))
+  cut = int(rng.integers(1, p))
+  cluster = tuple([0] * cut + [1] * (p - cut))
+  inter = np.where(rng.random(p) < 0.5, rng.uniform(0.2, 1.0, p), 0.0)
+  inter[0] = inter[cut] = 0.5  # a border rank in each cluster
+  return Topology(tuple(send), tuple(recv), tuple(latency), cluster, tuple(inter), tuple(inter),
+                  tuple(rng.choice([0.0, 0.5, 1.25], p)))
+
+
+def test_native_equals_python_on_large_schedules(both_paths):
+  # Large enough for the CPU module to share the work between two threads.
+  flat = straggler(32, 0.5, 25e9, 1e-6)
+  relays = Topology.clusters([12, 12], 25e9, [2.5e9 if r % 3 == 0 else 0.0 for r in range(24)],
+                             latency=1e-6, inter_latency=4e-6)
+  rng = np.random.default_rng(3)
+  cases = ((plan("all_reduce", 1 << 26, flat, "optcc"), flat),
+           (plan("all_reduce", 1 << 24, relays, "hierarchical", chunks=64), relays),
+           (random_schedule(rng, 24, 64, 1400), random_topology(rng, 24)))
+  for schedule, topology in cases:
+    assert len(schedule.table) >= 1 << 14
+    both_paths(schedule, topology, port_blocking_latency=topology is flat)
+
+
+def test_native_equals_python_on_random_schedules(both_paths):
+  rng = np.random.default_rng(7)
+  for _ in range(400):
+    p = int(rng.integers(2, 9))
+    schedule = random_schedule(rng, p, int(rng.integers(1, 24)), int(rng.integers(1, 20)))
+    topology = random_topology(rng, p)
+    both_paths(schedule, topology, port_blocking_latency=bool(rng.random() < 0.5))
+
+
+def test_native_rejects_inconsistent_input():
+  native = ffi.cpu_module_or_none()
+  schedule = ring_all_reduce(4)
+  topology = Topology.uniform(4, 1.0)
+  ports = simulate_module._ports(topology)
+  args = (schedule.table, 1.0, 4, schedule.length, schedule.num_steps)
+  assert native.simulate(*args, *ports, False)[0] == simulate(schedule, topology).time
+  with pytest.raises(ValueError, match="the table must be sorted by step"):
+    native.simulate(schedule.table[::-1], *args[1:], *ports, False)
+  with pytest.raises(ValueError, match="rank outside"):
+    native.simulate(schedule.table, 1.0, 3, *args[3:], *ports, False)
+  with pytest.raises(ValueError, match="range outside the buffer"):
+    native.simulate(schedule.table, 1.0, 4, 2, schedule.num_steps, *ports, False)
+  with pytest.raises(ValueError, match="columns"):
+    native.simulate(schedule.table[:, :6], *args[1:], *ports, False)
+  with pytest.raises(ValueError, match="per-rank ports"):
+    native.simulate(*args, ports[0][:3], *ports[1:], False)
+  with pytest.raises(ValueError, match="finite bandwidths"):
+    native.simulate(*args, ports[0] * 0, *ports[1:], False)
+  clusters = simulate_module._ports(Topology.clusters([2, 2], 1.0, [1.0, 0.0, 1.0, 0.0]))[3]
+  with pytest.raises(ValueError, match="relay"):
+    native.simulate(*args, *ports[:3], (clusters[0], clusters[1] + 1, *clusters[2:]), False)

@@ -1,6 +1,8 @@
 // _jaxcc_cpu: the CPU FFI handlers of jaxcc, registered for platform "cpu" by
 // jaxcc/_src/ffi.py.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -9,14 +11,17 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hmac_sha256.h"
 #include "jaxcc/module.h"
 #include "piece_codec.h"
 #include "reduce_host.h"
+#include "simulate.h"
 #include "tcp.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -43,6 +48,14 @@ void Raise(const std::string& err) {
 
 std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3));
+}
+
+template <typename T>
+using Vector = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+template <typename T>
+jaxcc::Span<T> View(const Vector<T>& a) {
+  return {a.data(), static_cast<int64_t>(a.shape(0))};
 }
 
 // Every target of this module. Add new handlers here.
@@ -209,6 +222,47 @@ NB_MODULE(_jaxcc_cpu, m) {
       nb::arg("codec"), nb::arg("dtype"), nb::arg("pieces"), nb::arg("own"), nb::arg("encode"),
       "own + pieces[0] + ... summed in one pass as a reduce hop does (jaxcc_reduce's order and "
       "rounding), and, if `encode`, the sum encoded as a segmented piece.");
+  m.def(
+      "simulate",
+      [](nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> table,
+         double itemsize, int64_t nranks, int64_t length, int64_t num_steps,
+         const Vector<double>& send, const Vector<double>& recv, const Vector<double>& latency,
+         const std::optional<std::tuple<Vector<int64_t>, Vector<int64_t>, Vector<double>,
+                                        Vector<double>, Vector<double>>>& clusters,
+         bool port_blocking_latency) {
+        if (table.shape(1) != jaxcc::kColumns) {
+          throw std::invalid_argument("jaxcc.sim.simulate: the table has " +
+                                      std::to_string(table.shape(1)) + " columns, not " +
+                                      std::to_string(jaxcc::kColumns));
+        }
+        const jaxcc::SimTable t{table.data(), static_cast<int64_t>(table.shape(0))};
+        jaxcc::SimNetwork network{View(send), View(recv), View(latency), clusters.has_value(),
+                                  {}, {}, {}, {}, {}, port_blocking_latency};
+        if (clusters) {
+          const auto& [cluster, relay, inter_send, inter_recv, inter_latency] = *clusters;
+          network.cluster = View(cluster);
+          network.relay = View(relay);
+          network.inter_send = View(inter_send);
+          network.inter_recv = View(inter_recv);
+          network.inter_latency = View(inter_latency);
+        }
+        jaxcc::SimResult out;
+        std::string err;
+        {
+          nb::gil_scoped_release release;
+          err = jaxcc::Simulate(t, itemsize, nranks, length, num_steps, network, &out);
+        }
+        if (!err.empty()) throw std::invalid_argument("jaxcc.sim.simulate: " + err);
+        return nb::make_tuple(out.time, out.unapplied, out.tx_busy, out.rx_busy, out.bytes_sent,
+                              out.bytes_received);
+      },
+      nb::arg("table"), nb::arg("itemsize"), nb::arg("nranks"), nb::arg("length"),
+      nb::arg("num_steps"), nb::arg("send"), nb::arg("recv"), nb::arg("latency"),
+      nb::arg("clusters").none(), nb::arg("port_blocking_latency"),
+      "jaxcc.sim.simulate's timing of a Schedule.table (sorted by step) over a Topology's "
+      "per-rank ports: send, recv and latency, and clusters (cluster, relay, inter_send, "
+      "inter_recv, inter_latency) or None. Returns (completion time, writes never applied, tx "
+      "and rx busy seconds per port (2 nranks), bytes sent and received per rank).");
   m.def(
       "hmac_sha256",
       [](nb::bytes key, nb::bytes data) {
