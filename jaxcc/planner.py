@@ -21,7 +21,7 @@ from jaxcc.schedules.optcc import optcc
 from jaxcc.schedules.permute import permute
 from jaxcc.schedules.r2ccl import r2ccl
 from jaxcc.schedules.ring import chain_broadcast, ring
-from jaxcc.sim.model import model_time
+from jaxcc.sim.model import MODELLED, model_time
 from jaxcc.topology import Topology
 
 ALGORITHMS = {
@@ -31,17 +31,12 @@ ALGORITHMS = {
     "broadcast": ("ring", "direct"),
     "ppermute": ("direct",),
 }
-# What "auto" chooses among: every algorithm but the baselines kept for comparison, and
-# "hierarchical" where the topology has several clusters (``candidates``).
+# What "auto" chooses among: every algorithm but the baselines kept for comparison (each
+# with a closed form, so that large ones are priced without a table), and "hierarchical"
+# where the topology has several clusters (``candidates``).
+AUTO_CANDIDATES = MODELLED
 # "auto" simulates candidates of at most this many transfers; larger ones it models.
 SIMULATED_TRANSFERS = 1 << 14
-AUTO_CANDIDATES = {
-    "all_reduce": ("ring", "direct", "optcc"),
-    "reduce_scatter": ("ring", "direct"),
-    "all_gather": ("ring", "direct"),
-    "broadcast": ("ring", "direct"),
-    "ppermute": ("direct",),
-}
 
 
 def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "auto", *,

