@@ -1,4 +1,4 @@
-"""Planning at cluster scale: plan, price, simulate and prove all_reduce schedules at up to 4,096 ranks.
+"""Planning at cluster scale: plan, price, simulate and prove all_reduce schedules up to 4,096 ranks.
 
 Two tables, measured in one run:
 

@@ -161,21 +161,24 @@ def price(collective: str, length: int, itemsize: int, topology: Topology, algor
   """The time "auto" ranks ``algorithm`` by, in seconds: simulated (``sim.simulate``) while
   its table has at most ``SIMULATED_TRANSFERS`` rows or the topology has clusters, else
   modelled in closed form (``sim.model.model_time``) without building the table."""
-  p = topology.size
-  if topology.cluster is None and _transfers(collective, algorithm, p, chunks) > SIMULATED_TRANSFERS:
+  if _modelled(collective, algorithm, topology, chunks):
     return model_time(collective, algorithm, length * itemsize, topology, chunks, root=root,
                       perm=perm or ())
   sched = _build(collective, length, itemsize, topology, algorithm, root, chunks, perm)
   return sim.simulate(sched, topology).time
 
 
-def _transfers(collective: str, algorithm: str, p: int, chunks: int) -> int:
-  """The rows of the schedule's table, about, without building it."""
+def _modelled(collective: str, algorithm: str, topology: Topology, chunks: int) -> bool:
+  """Whether ``price`` models the schedule: a flat topology and a table of more than
+  ``SIMULATED_TRANSFERS`` rows (counted without building it)."""
+  p = topology.size
   if collective == "ppermute":
-    return p * chunks
-  if collective == "broadcast":
-    return (p - 1) * (chunks if algorithm == "ring" else 1)
-  return (2 if collective == "all_reduce" else 1) * p * (p - 1) * chunks
+    rows = p * chunks
+  elif collective == "broadcast":
+    rows = (p - 1) * (chunks if algorithm == "ring" else 1)
+  else:
+    rows = (2 if collective == "all_reduce" else 1) * p * (p - 1) * chunks
+  return topology.cluster is None and rows > SIMULATED_TRANSFERS
 
 
 def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> str:
@@ -183,8 +186,7 @@ def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> st
   if len(names) == 1:
     return names[0]
   for name in names:  # what is simulated is built and validated here, so errors name `api`
-    if topology.cluster is not None or (_transfers(collective, name, topology.size, chunks)
-                                        <= SIMULATED_TRANSFERS):
+    if not _modelled(collective, name, topology, chunks):
       _build(collective, length, itemsize, topology, name, root, chunks, perm).validate(api)
   return _cheapest(collective, length, itemsize, topology, root, chunks, perm)
 

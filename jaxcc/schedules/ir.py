@@ -272,10 +272,7 @@ class TableBuilder:
     # Renumber the steps so that none is empty.
     step = table[:, STEP] - (table[:, STEP].min() if len(table) else 0)
     used = np.bincount(step) > 0
-    if not used.all():
-      table[:, STEP] = (np.cumsum(used) - 1)[step]
-    else:
-      table[:, STEP] = step
+    table[:, STEP] = (np.cumsum(used) - 1)[step]
     steps = int(used.sum())
     return Schedule(collective=collective, nranks=nranks, length=length,
                     itemsize=itemsize, algorithm=algorithm, table=table,

@@ -1,4 +1,4 @@
-"""jaxcc.sim.model: the closed-form times "auto" prices large schedules by, against the simulator."""
+"""jaxcc.sim.model: the closed-form times "auto" prices large schedules by, against simulate."""
 
 import numpy as np
 import pytest
