@@ -15,10 +15,7 @@ from jaxcc.schedules.ir import split
 
 def piece_grid(shard_bounds: np.ndarray, chunks: int) -> np.ndarray:
   """Starts and stops of every piece: int64 array ``(p, chunks, 2)``."""
-  shard_bounds = np.asarray(shard_bounds, dtype=np.int64)
-  sizes = np.diff(shard_bounds)
-  cuts = (sizes[:, None] * np.arange(chunks + 1)[None, :]) // chunks + shard_bounds[:-1, None]
-  return np.stack([cuts[:, :-1], cuts[:, 1:]], axis=-1)
+  return _weighted_grid(shard_bounds, np.ones(chunks, np.int64))
 
 
 def tapered_grid(shard_bounds: np.ndarray, chunks: int, ramp: int) -> np.ndarray:
@@ -31,7 +28,12 @@ def tapered_grid(shard_bounds: np.ndarray, chunks: int, ramp: int) -> np.ndarray
   """
   r = max(min(ramp, (chunks - 1) // 2), 0)
   up = 2 ** np.arange(r, dtype=np.int64)
-  weights = np.concatenate([up, np.full(chunks - 2 * r, 2**r, np.int64), up[::-1]])
+  return _weighted_grid(shard_bounds,
+                        np.concatenate([up, np.full(chunks - 2 * r, 2**r, np.int64), up[::-1]]))
+
+
+def _weighted_grid(shard_bounds, weights) -> np.ndarray:
+  """Each shard cut into chunks in proportion to the integer ``weights`` (rounded down)."""
   cum = np.concatenate([[0], np.cumsum(weights)])
   shard_bounds = np.asarray(shard_bounds, dtype=np.int64)
   sizes = np.diff(shard_bounds)
