@@ -137,7 +137,7 @@ def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *,
                                      op=op)
   if route.engine is Engine.NCCL:
     return native_executor.run_schedule_cuda(buf, sched, params["axis_name"],
-                                             params["group_axes"])
+                                             params["group_axes"], params.get("codec"))
   if route.engine is Engine.TCP:
     return native_executor.run_schedule(buf, sched, params["axis_name"], params["group_axes"],
                                         route.procs, topology, params.get("codec"))

@@ -16,7 +16,8 @@ another), Tcp when they span the processes of a jax.distributed job
 ``tcp_bootstrap`` connects the processes; steps overlap as the data allows, so
 a chunked schedule runs as a pipeline, and pieces may travel encoded). On the
 GPU, Nccl (``run_schedule_cuda``): one NCCL communicator per axis instance
-and device, made by ``nccl_bootstrap`` at lowering. Op ids
+and device, made by ``nccl_bootstrap`` at lowering; pieces may travel
+encoded there too. Op ids
 count call sites in lowering order, so every process must lower the same
 programs in the same order (any SPMD program does).
 
@@ -96,12 +97,16 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
 
 
 def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
-                      group_axes: tuple[tuple[str, int], ...]) -> jax.Array | None:
+                      group_axes: tuple[tuple[str, int], ...],
+                      codec: str | None = None) -> jax.Array | None:
   """``run_schedule`` on the GPU over the Nccl transport (inside shard_map, lowering for CUDA).
 
   Creates the axis' communicators first (``nccl_bootstrap.ensure_comms``).
-  Returns None when the lowering mesh's devices are unknown (abstract mesh):
-  then no communicator can be made.
+  With ``codec`` every piece is encoded on the device and travels at its
+  encoded size (xla_ffi/include/jaxcc/piece_layout.h: per step the segment
+  sizes go first, then the bytes; a reduce decodes, sums and re-encodes in
+  one fused hop). Returns None when the lowering mesh's devices are unknown
+  (abstract mesh): then no communicator can be made.
   """
   _check_buffer(buf, schedule)
   if not len(schedule.table):
@@ -112,7 +117,7 @@ def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
   key = nccl_bootstrap.ensure_comms(mesh, axis_name, group_axes)
   ranks = _local_ranks(process_map(axis_name, group_axes), schedule)
   return _collective_call(buf, schedule, axis_name, group_axes, ranks, procs=_NONE,
-                          pacing=_NONE, comm_key=np.int64(key))
+                          pacing=_NONE, comm_key=np.int64(key), codec=np.int64(CODEC_IDS[codec]))
 
 
 def _check_buffer(buf: jax.Array, schedule: Schedule) -> None:

@@ -219,7 +219,7 @@ ffi::Error DoneImpl(ffi::Buffer<ffi::S32> handles, ffi::AnyBuffer,
                                        " exchanges of " + std::to_string(k) + " slots for " +
                                        std::to_string(status->element_count()) + " statuses");
   }
-  const size_t row_bytes = m * k ? received->size_bytes() / (m * k) : 0;
+  const size_t row_bytes = m && k ? received->size_bytes() / (m * k) : 0;
   const size_t itemsize = ffi::ByteWidth(received->element_type());
   char* out = static_cast<char*>(received->untyped_data());
   std::string err;

@@ -19,6 +19,8 @@
 
 #include "hmac_sha256.h"
 #include "jaxcc/module.h"
+#include "jaxcc/piece_layout.h"
+#include "jaxcc/schedule.h"
 #include "piece_codec.h"
 #include "reduce_host.h"
 #include "simulate.h"
@@ -222,6 +224,77 @@ NB_MODULE(_jaxcc_cpu, m) {
       nb::arg("codec"), nb::arg("dtype"), nb::arg("pieces"), nb::arg("own"), nb::arg("encode"),
       "own + pieces[0] + ... summed in one pass as a reduce hop does (jaxcc_reduce's order and "
       "rounding), and, if `encode`, the sum encoded as a segmented piece.");
+  m.def(
+      "coded_plan",
+      [](const Vector<int64_t>& table, int64_t num_steps, int nranks, int rank, int64_t length,
+         int codec, int dtype) {
+        namespace c = jaxcc::codec;
+        if ((codec != c::kFixed && codec != c::kEntropy) || dtype < c::kBF16 || dtype > c::kF32) {
+          throw std::invalid_argument("jaxcc: unknown codec or dtype id");
+        }
+        std::vector<jaxcc::RankStep> plan;
+        const std::string err = jaxcc::PlanRank(table.data(), table.shape(0), num_steps, nranks,
+                                                rank, length, &plan);
+        if (!err.empty()) throw std::invalid_argument("jaxcc: " + err);
+        const jaxcc::piece::CodedPlan coded = jaxcc::piece::PlanCoded(
+            plan, static_cast<c::CodecId>(codec), static_cast<c::DTypeId>(dtype));
+        nb::list steps;
+        for (const jaxcc::piece::CodedStep& s : coded.steps) {
+          nb::list sends, recvs;
+          for (const jaxcc::piece::CodedSend& x : s.sends) {
+            sends.append(nb::make_tuple(x.piece.peer, x.piece.src_start, x.piece.dst_start,
+                                        x.piece.length, x.forwards, x.forwards_sum, x.offset,
+                                        x.word));
+          }
+          for (const jaxcc::piece::CodedRecv& x : s.recvs) {
+            recvs.append(nb::make_tuple(x.piece.peer, x.piece.src_start, x.piece.dst_start,
+                                        x.piece.length, x.reduce, x.offset, x.word));
+          }
+          steps.append(nb::make_tuple(sends, recvs, s.keeps_sum, s.send_words, s.recv_words));
+        }
+        nb::dict totals;
+        totals["send_bytes"] = coded.send_bytes;
+        totals["staging_bytes"] = coded.staging_bytes;
+        totals["sum_bytes"] = coded.sum_bytes;
+        totals["words"] = coded.words;
+        totals["reduce_inputs"] = coded.reduce_inputs;
+        totals["reduce_length"] = coded.reduce_length;
+        return nb::make_tuple(steps, totals);
+      },
+      nb::arg("table"), nb::arg("num_steps"), nb::arg("nranks"), nb::arg("rank"),
+      nb::arg("length"), nb::arg("codec"), nb::arg("dtype"),
+      "The Nccl transport's coded steps of `rank` (jaxcc/piece_layout.h: PlanCoded), for tests: "
+      "([(sends, recvs, keeps_sum, send_words, recv_words)], totals). A send is (peer, "
+      "src_start, dst_start, length, forwards, forwards_sum, offset, word), a recv (peer, "
+      "src_start, dst_start, length, reduce, offset, word).");
+  m.def(
+      "piece_max_bytes",
+      [](int codec, int dtype, uint64_t n) {
+        return jaxcc::piece::MaxPieceBytes(static_cast<jaxcc::codec::CodecId>(codec),
+                                      static_cast<jaxcc::codec::DTypeId>(dtype), n);
+      },
+      nb::arg("codec"), nb::arg("dtype"), nb::arg("n"),
+      "The most a segmented piece of n elements takes (jaxcc/piece_layout.h).");
+  m.def(
+      "segment_offsets",
+      [](int codec, int dtype, uint64_t n, const std::vector<uint32_t>& sizes, uint64_t cap) {
+        namespace c = jaxcc::codec;
+        if (sizes.size() != jaxcc::piece::Segments(n)) {
+          throw std::invalid_argument("jaxcc: " + std::to_string(sizes.size()) +
+                                      " sizes for " +
+                                      std::to_string(jaxcc::piece::Segments(n)) + " segments");
+        }
+        std::vector<uint64_t> offsets(sizes.size());
+        uint64_t total = 0;
+        const std::string err = jaxcc::piece::SegmentOffsets(
+            static_cast<c::CodecId>(codec), static_cast<c::DTypeId>(dtype), n, sizes.data(), cap,
+            offsets.data(), &total);
+        if (!err.empty()) throw std::invalid_argument("jaxcc: " + err);
+        return std::make_pair(offsets, total);
+      },
+      nb::arg("codec"), nb::arg("dtype"), nb::arg("n"), nb::arg("sizes"), nb::arg("cap"),
+      "Where a received piece's segments start, from their announced sizes, and its total "
+      "(jaxcc/piece_layout.h: SegmentOffsets), for tests.");
   m.def(
       "simulate",
       [](nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> table,

@@ -56,11 +56,7 @@ HostPieceCodec::HostPieceCodec(codec::CodecId codec, codec::DTypeId dtype, uint6
     : codec_(codec), dtype_(dtype), itemsize_(codec::Info(dtype).elem_bytes),
       split_bytes_(split_bytes) {}
 
-uint64_t HostPieceCodec::MaxBytes(size_t n) const {
-  const uint64_t whole = n / kSegment, rest = n % kSegment;
-  return whole * codec::MaxBytes(codec_, dtype_, kSegment) +
-         (rest ? codec::MaxBytes(codec_, dtype_, rest) : 0);
-}
+uint64_t HostPieceCodec::MaxBytes(size_t n) const { return piece::MaxPieceBytes(codec_, dtype_, n); }
 
 uint64_t HostPieceCodec::MaxWireBytes(size_t n) const {
   const uint64_t split = codec_ == codec::kEntropy && dtype_ != codec::kF16 && split_bytes_ != 0

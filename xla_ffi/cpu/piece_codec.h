@@ -3,8 +3,9 @@
 //
 // A piece of n elements travels in one of two layouts, told apart by their
 // magic bytes:
-//   segmented: ceil(n / kSegment) jaxcc encodings (jaxcc/codec.h) of kSegment
-//     elements each (the last one fewer) back to back. A reduce hop decodes,
+//   segmented (jaxcc/piece_layout.h): ceil(n / kSegment) jaxcc encodings
+//     (jaxcc/codec.h) of kSegment elements each (the last one fewer) back to
+//     back. A reduce hop decodes,
 //     sums and re-encodes one segment at a time while it is in the cache, so
 //     each element passes through memory once.
 //   split ("entropy", bf16 and f32, pieces of at least `split_bytes` raw bytes
@@ -24,14 +25,14 @@
 
 #include "jaxcc/codec.h"
 #include "jaxcc/dataflow.h"
+#include "jaxcc/piece_layout.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcc {
 
 class HostPieceCodec final : public PieceCodec {
  public:
-  // Elements per segment: one "entropy" block.
-  static constexpr size_t kSegment = codec::kEntropyBlock;
+  static constexpr size_t kSegment = piece::kSegment;
 
   // Pieces of at least `split_bytes` raw bytes may be split (0: never).
   HostPieceCodec(codec::CodecId codec, codec::DTypeId dtype, uint64_t split_bytes);

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "jaxcc/codec.h"
+#include "jaxcc/piece_layout.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcc {
@@ -41,6 +42,8 @@ enum Status : uint32_t {
   kBadPlane,
   kBadBitmap,
   kBadBlockKind,
+  kBadHeader,
+  kBadChecksum,
 };
 
 inline const char* StatusText(uint32_t s) {
@@ -51,6 +54,8 @@ inline const char* StatusText(uint32_t s) {
     case kBadPlane: return "corrupted plane";
     case kBadBitmap: return "bad zero bitmap";
     case kBadBlockKind: return "bad block kind";
+    case kBadHeader: return "bad header: not the segment of this codec, dtype and length";
+    case kBadChecksum: return "checksum mismatch: the data is corrupted";
   }
   return "unknown failure";
 }
@@ -146,6 +151,45 @@ template <DTypeId D>
 ffi::Error DecodeEntropyOn(const std::string& name, cudaStream_t stream,
                            ffi::ScratchAllocator& scratch, const uint8_t* in, uint64_t nbytes,
                            uint64_t n, void* y, uint32_t* status);
+
+// Segmented pieces (jaxcc/piece_layout.h), every launcher on the work areas
+// of piece::HopWorkLayout at `work`; `sizes` (u32, one per segment) and
+// `offsets` (u64, the segment starts and the total) of an encoded result are
+// device arrays.
+
+// "fixed" (codec_fixed.cu): own = own (with `sum`) + the k pieces `inputs`
+// decoded, in order (with k = 1 and no `sum`: the piece's bits); then, with
+// `out`, own encoded there. `inputs` are host records; `records` (host
+// memory for k of them, see piece::HopOnStream) receives them with their
+// `spill` set, for the device. Their checks (CheckSegments) come first.
+template <DTypeId D>
+ffi::Error FixedPieceHopOn(const std::string& name, cudaStream_t stream,
+                           const piece::HopInput* inputs, piece::HopInput* records, uint32_t k,
+                           bool sum, void* own, uint64_t n, uint8_t* work,
+                           const piece::HopWork& w, uint8_t* out, uint32_t* sizes,
+                           uint64_t* offsets);
+
+// "entropy" (codec_entropy.cu): the n elements at x encoded at out; the
+// piece `in` decoded into y (`w`: the areas of the hop they are part of).
+template <DTypeId D>
+ffi::Error EntropyPieceEncodeOn(const std::string& name, cudaStream_t stream, const void* x,
+                                uint64_t n, uint8_t* work, const piece::HopWork& w, uint8_t* out,
+                                uint32_t* sizes, uint64_t* offsets);
+template <DTypeId D>
+ffi::Error EntropyPieceDecodeOn(const std::string& name, cudaStream_t stream,
+                                const piece::HopInput& in, uint64_t n, uint8_t* work,
+                                const piece::HopWork& w, void* y);
+
+// piece_codec.cu: offsets[0..segments] from the segment sizes (one thread
+// block); the headers and checksums of the encoded segments at out; the checks
+// of a received piece's segments (header, announced size, checksum) into its
+// status.
+ffi::Error ScanSegments(const std::string& name, cudaStream_t stream, const uint32_t* sizes,
+                        uint64_t segments, uint64_t* offsets);
+ffi::Error FinishSegments(const std::string& name, cudaStream_t stream, uint8_t* out,
+                          const uint64_t* offsets, CodecId c, DTypeId d, uint64_t n);
+ffi::Error CheckSegments(const std::string& name, cudaStream_t stream, const piece::HopInput& in,
+                         CodecId c, DTypeId d, uint64_t n);
 
 }  // namespace codec
 }  // namespace jaxcc

@@ -4,7 +4,8 @@
 // sub-stream. Blocks are encoded into worst-case slots of a scratch buffer
 // and compacted after a scan of their sizes. Decoding parses each block's
 // plane headers in one thread, builds the decode table in shared memory and
-// decodes one sub-stream per thread.
+// decodes one sub-stream per thread. A segmented piece (jaxcc/piece_layout.h)
+// is one block per segment, framed as its own encoding.
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
@@ -391,24 +392,18 @@ __device__ bool DecodePlaneBlock(const PlaneDesc& d, const uint8_t* len, uint16_
   return __syncthreads_and(good);
 }
 
+// Decodes the block of m elements at [p, end) (planes bounded by limit) into
+// out, with (planes + 1) x 65536 bytes of scratch at `planes`; failures into
+// status. Every thread of the CUDA block calls it.
 template <DTypeId D>
-__global__ void __launch_bounds__(kThreads)
-    EntropyDecodeKernel(const uint8_t* in, uint64_t nbytes, uint64_t n, const uint32_t* offsets,
-                        uint8_t* scratch, Bits<D>* y, uint32_t* status) {
+__device__ void DecodeEntropyBlock(const uint8_t* p, const uint8_t* end, const uint8_t* limit,
+                                   uint32_t m, uint8_t* planes, Bits<D>* out, uint32_t* status) {
   constexpr int kPlanes = D == kF32 ? 4 : D == kF16 ? 3 : 2;
-  const uint64_t blocks = CeilDiv(n, kEntropyBlock);
-  const uint64_t blk = blockIdx.x;
-  const uint64_t start = blk * kEntropyBlock;
-  const uint32_t m = static_cast<uint32_t>(Min<uint64_t>(kEntropyBlock, n - start));
   const uint32_t t = threadIdx.x;
-  const uint8_t* limit = in + nbytes;
-  const uint8_t* p = in + kHeaderBytes + 4 * blocks + offsets[blk];
-  const uint8_t* end = in + kHeaderBytes + 4 * blocks + offsets[blk + 1];
   if (end > limit || p >= end) {
     if (t == 0) Fail(status, kBadSize);
     return;
   }
-  uint8_t* planes = scratch + blk * (kPlanes + 1) * kEntropyBlock;
   uint8_t* bitmap = planes + kPlanes * kEntropyBlock;
   __shared__ PlaneDesc desc[kMaxPlanes + 1];
   __shared__ uint8_t len[kMaxPlanes + 1][256];
@@ -439,7 +434,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (fail) return;
-  Bits<D>* out = y + start;
   if (kind == kRawBlock) {
     const uint8_t* raw = end - uint64_t{m} * sizeof(Bits<D>);
     uint8_t* dst = reinterpret_cast<uint8_t*>(out);
@@ -492,6 +486,66 @@ __global__ void __launch_bounds__(kThreads)
       out[i] = 0;
     }
   }
+}
+
+template <DTypeId D>
+__global__ void __launch_bounds__(kThreads)
+    EntropyDecodeKernel(const uint8_t* in, uint64_t nbytes, uint64_t n, const uint32_t* offsets,
+                        uint8_t* scratch, Bits<D>* y, uint32_t* status) {
+  constexpr int kPlanes = D == kF32 ? 4 : D == kF16 ? 3 : 2;
+  const uint64_t blocks = CeilDiv(n, kEntropyBlock);
+  const uint64_t blk = blockIdx.x;
+  const uint64_t start = blk * kEntropyBlock;
+  const uint32_t m = static_cast<uint32_t>(Min<uint64_t>(kEntropyBlock, n - start));
+  const uint8_t* body = in + kHeaderBytes + 4 * blocks;
+  DecodeEntropyBlock<D>(body + offsets[blk], body + offsets[blk + 1], in + nbytes, m,
+                        scratch + blk * (kPlanes + 1) * kEntropyBlock, y + start, status);
+}
+
+// ---------------------------------------------------------------------------
+// Segmented pieces (jaxcc/piece_layout.h): segment s is an "entropy" encoding
+// of one block: header | u32 block size | block.
+// ---------------------------------------------------------------------------
+
+constexpr uint64_t kSegmentHead = kHeaderBytes + 4;
+
+// The size of each encoded segment from its block's.
+__global__ void EntropySegmentSizesKernel(const uint32_t* block_sizes, uint64_t segments,
+                                          uint32_t* sizes) {
+  const uint64_t s = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (s < segments) sizes[s] = static_cast<uint32_t>(kSegmentHead + block_sizes[s]);
+}
+
+// Copies each block's slot into its segment and writes the block size.
+template <DTypeId D>
+__global__ void EntropySegmentFrameKernel(EntropySlots<D> s, const uint64_t* offsets,
+                                          uint8_t* out) {
+  const uint64_t seg = blockIdx.x;
+  const uint32_t size = s.sizes[seg];
+  uint8_t* dst = out + offsets[seg];
+  const uint8_t* src = s.slots + seg * EntropySlots<D>::kSlot;
+  for (uint32_t i = threadIdx.x; i < size; i += blockDim.x) dst[kSegmentHead + i] = src[i];
+  if (threadIdx.x == 0) Store32(dst + kHeaderBytes, size);
+}
+
+// Decodes each segment of a received piece (its header and checksum were
+// checked by CheckSegments; here its block size).
+template <DTypeId D>
+__global__ void __launch_bounds__(kThreads)
+    EntropySegmentDecodeKernel(piece::HopInput in, uint64_t n, uint8_t* scratch, Bits<D>* y) {
+  constexpr int kPlanes = D == kF32 ? 4 : D == kF16 ? 3 : 2;
+  const uint64_t s = blockIdx.x;
+  const uint32_t m = static_cast<uint32_t>(piece::SegmentLength(n, s));
+  const uint8_t* seg = in.data + in.offsets[s];
+  const uint8_t* end = in.data + in.offsets[s + 1];
+  if (end - seg < static_cast<int64_t>(kSegmentHead) + 1 ||
+      Load32(seg + kHeaderBytes) != static_cast<uint64_t>(end - seg) - kSegmentHead) {
+    if (threadIdx.x == 0) Fail(in.status, kBadSize);
+    return;
+  }
+  DecodeEntropyBlock<D>(seg + kSegmentHead, end, end, m,
+                        scratch + s * (kPlanes + 1) * kEntropyBlock, y + s * piece::kSegment,
+                        in.status);
 }
 
 }  // namespace
@@ -567,6 +621,56 @@ ffi::Error DecodeEntropyOn(const std::string& name, cudaStream_t stream,
   }
   return ffi::Error::Success();
 }
+
+template <DTypeId D>
+ffi::Error EntropyPieceEncodeOn(const std::string& name, cudaStream_t stream, const void* x,
+                                uint64_t n, uint8_t* work, const piece::HopWork& w, uint8_t* out,
+                                uint32_t* sizes, uint64_t* offsets) {
+  using Slots = EntropySlots<D>;
+  const uint64_t segments = piece::Segments(n);
+  if (segments == 0) return ScanSegments(name, stream, sizes, 0, offsets);
+  Slots s;
+  s.planes = work + w.planes;
+  s.nz = work + w.nz;
+  s.bitmap = work + w.bitmap;
+  s.slots = work + w.slots;
+  s.sizes = reinterpret_cast<uint32_t*>(work + w.block_sizes);
+  s.offsets = nullptr;
+  EntropyEncodeKernel<D><<<segments, kThreads, 0, stream>>>(static_cast<const Bits<D>*>(x), n, s);
+  JAXCC_LAUNCHED(name);
+  EntropySegmentSizesKernel<<<CeilDiv(segments, kThreads), kThreads, 0, stream>>>(s.sizes,
+                                                                                  segments, sizes);
+  JAXCC_LAUNCHED(name);
+  ffi::Error err = ScanSegments(name, stream, sizes, segments, offsets);
+  if (err.failure()) return err;
+  EntropySegmentFrameKernel<D><<<segments, kThreads, 0, stream>>>(s, offsets, out);
+  JAXCC_LAUNCHED(name);
+  return FinishSegments(name, stream, out, offsets, kEntropy, D, n);
+}
+
+template <DTypeId D>
+ffi::Error EntropyPieceDecodeOn(const std::string& name, cudaStream_t stream,
+                                const piece::HopInput& in, uint64_t n, uint8_t* work,
+                                const piece::HopWork& w, void* y) {
+  const uint64_t segments = piece::Segments(n);
+  if (segments == 0) return ffi::Error::Success();
+  EntropySegmentDecodeKernel<D><<<segments, kThreads, 0, stream>>>(in, n, work + w.planes,
+                                                                   static_cast<Bits<D>*>(y));
+  JAXCC_LAUNCHED(name);
+  return ffi::Error::Success();
+}
+
+#define JAXCC_ENTROPY_PIECE(D)                                                                 \
+  template ffi::Error EntropyPieceEncodeOn<D>(const std::string&, cudaStream_t, const void*,    \
+                                              uint64_t, uint8_t*, const piece::HopWork&,        \
+                                              uint8_t*, uint32_t*, uint64_t*);                  \
+  template ffi::Error EntropyPieceDecodeOn<D>(const std::string&, cudaStream_t,                 \
+                                              const piece::HopInput&, uint64_t, uint8_t*,       \
+                                              const piece::HopWork&, void*);
+JAXCC_ENTROPY_PIECE(kBF16)
+JAXCC_ENTROPY_PIECE(kF16)
+JAXCC_ENTROPY_PIECE(kF32)
+#undef JAXCC_ENTROPY_PIECE
 
 // The launchers of each dtype, for codec.cu.
 template ffi::Error EncodeEntropyOn<kBF16>(const std::string&, cudaStream_t, ffi::ScratchAllocator&,

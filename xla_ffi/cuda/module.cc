@@ -29,6 +29,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecEncodeFixedCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeFixedCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecEncodeEntropyCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCodecDecodeEntropyCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccPieceEncodeCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccPieceHopCuda);
 #ifdef JAXCC_HAS_NCCL
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxccCollectiveCuda);
 #endif
@@ -42,6 +44,8 @@ constexpr jaxcc::Target kTargets[] = {
     {"jaxcc_codec_decode_fixed", JaxccCodecDecodeFixedCuda},
     {"jaxcc_codec_encode_entropy", JaxccCodecEncodeEntropyCuda},
     {"jaxcc_codec_decode_entropy", JaxccCodecDecodeEntropyCuda},
+    {"jaxcc_piece_encode", JaxccPieceEncodeCuda},  // one segmented piece (checks)
+    {"jaxcc_piece_hop", JaxccPieceHopCuda},        // one fused reduce hop (checks)
 #ifdef JAXCC_HAS_NCCL
     {"jaxcc_collective", JaxccCollectiveCuda},  // the Nccl transport
 #endif
