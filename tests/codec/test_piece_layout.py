@@ -210,3 +210,34 @@ def test_a_ring_forwards_every_piece_after_the_first_step():
     for s in sends:
       assert (s[5] if kind == "sum" or t == p - 1 else s[4] >= 0), (t, s)
   assert totals["sum_bytes"] > 0 and totals["reduce_inputs"] == 1
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("n,k,add,encode", [(1, 0, False, True), (4099, 1, False, False),
+                                            (2 * SEGMENT + 3, 3, True, True),
+                                            (SEGMENT, 9, True, False)])
+def test_hop_work_areas_are_aligned_disjoint_and_large_enough(codec, dtype, n, k, add, encode):
+  """The device work areas of one hop: what each kernel of xla_ffi/cuda/codec_*.cu writes
+  there fits, and no two areas overlap."""
+  cid, did = ids(codec, dtype)
+  w = _jaxcc_cpu.hop_work_layout(cid, did, n, k, add, encode)
+  itemsize, planes = {"bfloat16": (2, 2), "float16": (2, 3), "float32": (4, 4)}[dtype]
+  blocks, segments = -(-n // 256), -(-n // SEGMENT)
+  align = lambda b: -(-b // 256) * 256  # noqa: E731
+  need = {"inputs": k * w["hop_input_bytes"]}
+  if codec == "fixed":
+    need.update(spill=k * align(4 * blocks), meta=2 * blocks, spill_size=4 * blocks,
+                spill_offset=4 * blocks)
+  else:
+    need.update(planes=segments * (planes + 1) * SEGMENT,
+                decoded=k * n * itemsize if add else 0)
+    if encode:
+      need.update(nz=segments * planes * SEGMENT, bitmap=segments * SEGMENT // 8,
+                  slots=segments * (1 + SEGMENT * itemsize), block_sizes=4 * (segments + 1))
+  areas = sorted((w[name], size, name) for name, size in need.items() if size)
+  end = 0
+  for at, size, name in areas:
+    assert at % 256 == 0 and at >= end, (name, at, end)
+    end = at + size
+  assert end <= w["bytes"]

@@ -276,6 +276,32 @@ NB_MODULE(_jaxcc_cpu, m) {
       nb::arg("codec"), nb::arg("dtype"), nb::arg("n"),
       "The most a segmented piece of n elements takes (jaxcc/piece_layout.h).");
   m.def(
+      "hop_work_layout",
+      [](int codec, int dtype, uint64_t n, uint64_t k, bool sum, bool encode) {
+        const jaxcc::piece::HopWork w = jaxcc::piece::HopWorkLayout(
+            static_cast<jaxcc::codec::CodecId>(codec), static_cast<jaxcc::codec::DTypeId>(dtype),
+            n, k, sum, encode);
+        nb::dict out;
+        out["inputs"] = w.inputs;
+        out["spill"] = w.spill;
+        out["meta"] = w.meta;
+        out["spill_size"] = w.spill_size;
+        out["spill_offset"] = w.spill_offset;
+        out["planes"] = w.planes;
+        out["nz"] = w.nz;
+        out["bitmap"] = w.bitmap;
+        out["slots"] = w.slots;
+        out["block_sizes"] = w.block_sizes;
+        out["decoded"] = w.decoded;
+        out["bytes"] = w.bytes;
+        out["hop_input_bytes"] = sizeof(jaxcc::piece::HopInput);
+        return out;
+      },
+      nb::arg("codec"), nb::arg("dtype"), nb::arg("n"), nb::arg("k"), nb::arg("sum"),
+      nb::arg("encode"),
+      "Where the device work areas of one hop lie (jaxcc/piece_layout.h: HopWorkLayout), for "
+      "tests.");
+  m.def(
       "segment_offsets",
       [](int codec, int dtype, uint64_t n, const std::vector<uint32_t>& sizes, uint64_t cap) {
         namespace c = jaxcc::codec;
