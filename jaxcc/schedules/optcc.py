@@ -18,9 +18,12 @@ stay busy from the start to the end: its result piece has to leave the owner
 right after the leaf's own piece arrives there. So the owners' S2 of a chunk
 runs ahead and is summed first, a leaf's S1 piece is the last term of its
 sum, and S4 follows at once: steps S2(c), S1(c), S4(c) per chunk. The owners'
-S3, which no leaf waits for, comes after the S2 of the next chunk when the
-owners' ports differ (a slow owner's receive port stays busy only with the
-all-gather interleaved), else after every other step. 4 steps per chunk. The
+S3, which no leaf waits for, fills the gaps of the owners' ports after every
+other step, but for its pieces into an owner slower than the fastest: those
+come after the S2 of the next chunk, as that owner's receive port is busy for
+the whole run only with its all-gather interleaved (p = 256, K = 16,
+stragglers at 0.5 and 0.75: 1.0039x the bound, against 1.035x with the whole
+S3 trailing and 1.16x with all of it last). 4 steps per chunk. The
 chunks grow geometrically at the start and shrink at the end
 (``pieces.tapered_grid``): what is left of the pipeline's start (the first
 S2) and drain (the last S3) is a small chunk's share. The ramps take 4
@@ -28,9 +31,8 @@ doublings with 8 owners or more, else ``floor(log2 K / 2)``: with few owners
 each one's S2 running ahead is a large part of its port's work, and larger
 middle chunks cost more than the ramps save (p = 4, K = 16: 1.071x the bound
 against 1.100x with 4 doublings). In the fluid model at p = 64 with one to
-three stragglers of which at least one is a leaf, 16 chunks end 1.004-1.034x
-the lower bound and 64 chunks 1.0006-1.005x (equal chunks in the order S1,
-S2, S4, S3: 1.020-1.039x and 1.005-1.010x).
+three stragglers of which at least one is a leaf, 16 chunks end 1.004-1.007x
+the lower bound (equal chunks in the order S1, S2, S4, S3: 1.020-1.039x).
 
 Within a stage the transfers go in rounds (owner i to owner i + k; in round k
 every leaf sends to owner k), so no owner receives two owners' pieces at once.
@@ -79,7 +81,6 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
   if len(leaves):
     grid = tapered_grid(shards, chunks, 4 if m >= 8 else (chunks.bit_length() - 1) // 2)
     s2, s1, s4 = 4 * c, 4 * c + 1, 4 * c + 2
-    s3 = 4 * c + 7 if len(np.unique(bw[owners])) > 1 else 4 * chunks + c
   else:
     grid = piece_grid(shards, chunks)
     s2, s3 = 2 * c, 2 * c + 1
@@ -94,5 +95,7 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
   lo, hi = np.moveaxis(grid[dst, c], -1, 0)
   tb.add_rows(s2, src, dst, lo, lo, hi - lo, REDUCE)
   lo, hi = np.moveaxis(grid[src, c], -1, 0)
+  if len(leaves):  # into a slower owner: after the next chunk's S2; else after everything
+    s3 = np.where(bw[dst] < bw[owners].max(initial=0.0), 4 * c + 7, 4 * chunks + c)
   tb.add_rows(s3, src, dst, lo, lo, hi - lo, COPY)
   return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)

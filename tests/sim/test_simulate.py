@@ -8,6 +8,7 @@ import pytest
 from jaxcc._src import ffi
 from jaxcc.planner import ALGORITHMS, plan
 from jaxcc.schedules.ir import COPY, REDUCE
+from jaxcc.schedules.optcc import optcc
 from jaxcc.sim import ScheduleError, SimResult, simulate
 from jaxcc.sim.bounds import fault_free_ring_time, lower_bound
 from jaxcc.topology import Topology
@@ -388,3 +389,15 @@ def test_native_rejects_inconsistent_input():
   clusters = simulate_module._ports(Topology.clusters([2, 2], 1.0, [1.0, 0.0, 1.0, 0.0]))[3]
   with pytest.raises(ValueError, match="relay"):
     native.simulate(*args, *ports[:3], (clusters[0], clusters[1] + 1, *clusters[2:]), False)
+
+
+@pytest.mark.parametrize("stragglers", [((1, 0.5),), ((1, 0.5), (32, 0.75)),
+                                        ((1, 0.5), (32, 0.75), (63, 0.3))])
+def test_optcc_with_a_leaf_is_within_one_percent_of_the_bound(stragglers):
+  """p = 64, 16 chunks, fluid: a leaf (0.5, or 0.3), with or without a slower owner (0.75)."""
+  topology = Topology.uniform(64, 1.0)
+  for rank, fraction in stragglers:
+    topology = topology.with_straggler(rank, fraction)
+  schedule = optcc(64 * 4099, 64, 4, 16, topology.send_bandwidth)
+  bound = lower_bound("all_reduce", schedule.nbytes, topology)
+  assert simulate(schedule, topology).time / bound < 1.01
