@@ -124,13 +124,16 @@ class Schedule:
       raise ValueError(f"jaxcc.Schedule: collective must be one of {COLLECTIVES}, "
                        f"got {self.collective!r}")
     object.__setattr__(self, "perm", tuple((int(s), int(d)) for s, d in self.perm))
-    table = np.asarray(self.table, dtype=np.int64).reshape(-1, NUM_COLUMNS)
-    # Sorted by step (stably), in a copy of its own.
-    if (np.diff(table[:, STEP]) < 0).any():
+    table = np.asarray(self.table, dtype=np.int64)
+    if table.ndim != 2 or table.shape[1] != NUM_COLUMNS:
+      table = table.reshape(-1, NUM_COLUMNS)
+    # Sorted by step (stably), in a copy of its own; a sorted read-only table that owns its
+    # memory (TableBuilder.build's) is kept.
+    if (table[1:, STEP] < table[:-1, STEP]).any():
       step = table[:, STEP]  # a narrow copy sorts by radix
       step = step.astype(np.int32) if 0 <= step.min() and step.max() < 2**31 else step
       table = np.ascontiguousarray(table[np.argsort(step, kind="stable")])
-    else:
+    elif table.flags.writeable or not table.flags.owndata or not table.flags.c_contiguous:
       table = np.array(table, order="C")
     table.setflags(write=False)
     object.__setattr__(self, "table", table)
@@ -266,14 +269,32 @@ class TableBuilder:
   def build(self, collective: str, nranks: int, length: int, itemsize: int,
             algorithm: str, root: int = 0, chunks: int = 1,
             perm: tuple[tuple[int, int], ...] = ()) -> Schedule:
+    """The Schedule: the rows sorted by step (stably, in the order they were added) and the
+    steps renumbered so that none is empty, in one pass that puts each row in its place."""
     self._flush()
-    table = (np.concatenate(self._blocks) if self._blocks
-             else np.zeros((0, NUM_COLUMNS), np.int64))
-    # Renumber the steps so that none is empty.
-    step = table[:, STEP] - (table[:, STEP].min() if len(table) else 0)
-    used = np.bincount(step) > 0
-    table[:, STEP] = (np.cumsum(used) - 1)[step]
-    steps = int(used.sum())
+    blocks = [b for b in self._blocks if len(b)]
+    table = np.empty((sum(len(b) for b in blocks), NUM_COLUMNS), np.int64)
+    steps = 0
+    if blocks:
+      lo = min(int(b[:, STEP].min()) for b in blocks)
+      span = max(int(b[:, STEP].max()) for b in blocks) - lo + 1
+      counts = np.stack([np.bincount(b[:, STEP] - lo, minlength=span) for b in blocks])
+      total = counts.sum(axis=0)
+      renumber = np.cumsum(total > 0) - 1
+      steps = int(renumber[-1]) + 1
+      # Where the rows of step s from block b start: after every earlier step, then after
+      # that step's rows of the earlier blocks.
+      first = (np.cumsum(total) - total)[None, :] + np.cumsum(counts, axis=0) - counts
+      for b, block in enumerate(blocks):
+        step = block[:, STEP] - lo
+        if (step[1:] < step[:-1]).any():
+          order = np.argsort(step.astype(np.int32) if span < 2**31 else step, kind="stable")
+          block, step = block[order], step[order]
+        group = np.cumsum(counts[b]) - counts[b]  # where each step's rows start in the block
+        at = first[b][step] + np.arange(len(step)) - group[step]
+        table[at] = block
+        table[at, STEP] = renumber[step]
+    table.setflags(write=False)
     return Schedule(collective=collective, nranks=nranks, length=length,
                     itemsize=itemsize, algorithm=algorithm, table=table,
                     num_steps=steps, root=root, chunks=chunks, perm=perm)
