@@ -144,7 +144,7 @@ class Schedule:
     h = hashlib.sha256()
     h.update(repr((self.collective, self.nranks, self.length, self.itemsize,
                    self.num_steps, self.root, self.perm)).encode())
-    h.update(self.table.tobytes())
+    h.update(self.table)  # its C-contiguous buffer, not a copy
     return h.hexdigest()
 
   def __hash__(self):
