@@ -146,14 +146,19 @@ NB_MODULE(_jaxcc_cpu, m) {
   m.def("tcp_blocked_ns", &jaxcc::TcpBlockedNs,
         "Nanoseconds this process' calls spent blocked on the network (Tcp collectives and "
         "gossip exchange waits).");
-  // The Tcp transport's piece layouts (piece_codec.h), for tests.
-  auto piece_codec = [](int codec, int dtype, uint64_t split_bytes) {
+  // The Tcp transport's piece layouts (piece_codec.h) and the Nccl transport's coded steps
+  // (jaxcc/piece_layout.h), for tests.
+  using Ids = std::pair<jaxcc::codec::CodecId, jaxcc::codec::DTypeId>;
+  auto ids = [](int codec, int dtype) -> Ids {
     namespace c = jaxcc::codec;
     if ((codec != c::kFixed && codec != c::kEntropy) || dtype < c::kBF16 || dtype > c::kF32) {
       throw std::invalid_argument("jaxcc: unknown codec or dtype id");
     }
-    return jaxcc::HostPieceCodec(static_cast<c::CodecId>(codec), static_cast<c::DTypeId>(dtype),
-                                 split_bytes);
+    return {static_cast<c::CodecId>(codec), static_cast<c::DTypeId>(dtype)};
+  };
+  auto piece_codec = [ids](int codec, int dtype, uint64_t split_bytes) {
+    const auto [c, d] = ids(codec, dtype);
+    return jaxcc::HostPieceCodec(c, d, split_bytes);
   };
   m.def(
       "piece_encode",
@@ -226,18 +231,14 @@ NB_MODULE(_jaxcc_cpu, m) {
       "rounding), and, if `encode`, the sum encoded as a segmented piece.");
   m.def(
       "coded_plan",
-      [](const Vector<int64_t>& table, int64_t num_steps, int nranks, int rank, int64_t length,
-         int codec, int dtype) {
-        namespace c = jaxcc::codec;
-        if ((codec != c::kFixed && codec != c::kEntropy) || dtype < c::kBF16 || dtype > c::kF32) {
-          throw std::invalid_argument("jaxcc: unknown codec or dtype id");
-        }
+      [ids](const Vector<int64_t>& table, int64_t num_steps, int nranks, int rank,
+            int64_t length, int codec, int dtype) {
+        const auto [c, d] = ids(codec, dtype);
         std::vector<jaxcc::RankStep> plan;
         const std::string err = jaxcc::PlanRank(table.data(), table.shape(0), num_steps, nranks,
                                                 rank, length, &plan);
         if (!err.empty()) throw std::invalid_argument("jaxcc: " + err);
-        const jaxcc::piece::CodedPlan coded = jaxcc::piece::PlanCoded(
-            plan, static_cast<c::CodecId>(codec), static_cast<c::DTypeId>(dtype));
+        const jaxcc::piece::CodedPlan coded = jaxcc::piece::PlanCoded(plan, c, d);
         nb::list steps;
         for (const jaxcc::piece::CodedStep& s : coded.steps) {
           nb::list sends, recvs;
@@ -269,18 +270,17 @@ NB_MODULE(_jaxcc_cpu, m) {
       "src_start, dst_start, length, reduce, offset, word).");
   m.def(
       "piece_max_bytes",
-      [](int codec, int dtype, uint64_t n) {
-        return jaxcc::piece::MaxPieceBytes(static_cast<jaxcc::codec::CodecId>(codec),
-                                      static_cast<jaxcc::codec::DTypeId>(dtype), n);
+      [ids](int codec, int dtype, uint64_t n) {
+        const auto [c, d] = ids(codec, dtype);
+        return jaxcc::piece::MaxPieceBytes(c, d, n);
       },
       nb::arg("codec"), nb::arg("dtype"), nb::arg("n"),
       "The most a segmented piece of n elements takes (jaxcc/piece_layout.h).");
   m.def(
       "hop_work_layout",
-      [](int codec, int dtype, uint64_t n, uint64_t k, bool sum, bool encode) {
-        const jaxcc::piece::HopWork w = jaxcc::piece::HopWorkLayout(
-            static_cast<jaxcc::codec::CodecId>(codec), static_cast<jaxcc::codec::DTypeId>(dtype),
-            n, k, sum, encode);
+      [ids](int codec, int dtype, uint64_t n, uint64_t k, bool sum, bool encode) {
+        const auto [c, d] = ids(codec, dtype);
+        const jaxcc::piece::HopWork w = jaxcc::piece::HopWorkLayout(c, d, n, k, sum, encode);
         nb::dict out;
         out["inputs"] = w.inputs;
         out["spill"] = w.spill;
@@ -303,8 +303,9 @@ NB_MODULE(_jaxcc_cpu, m) {
       "tests.");
   m.def(
       "segment_offsets",
-      [](int codec, int dtype, uint64_t n, const std::vector<uint32_t>& sizes, uint64_t cap) {
-        namespace c = jaxcc::codec;
+      [ids](int codec, int dtype, uint64_t n, const std::vector<uint32_t>& sizes,
+            uint64_t cap) {
+        const auto [c, d] = ids(codec, dtype);
         if (sizes.size() != jaxcc::piece::Segments(n)) {
           throw std::invalid_argument("jaxcc: " + std::to_string(sizes.size()) +
                                       " sizes for " +
@@ -312,9 +313,8 @@ NB_MODULE(_jaxcc_cpu, m) {
         }
         std::vector<uint64_t> offsets(sizes.size());
         uint64_t total = 0;
-        const std::string err = jaxcc::piece::SegmentOffsets(
-            static_cast<c::CodecId>(codec), static_cast<c::DTypeId>(dtype), n, sizes.data(), cap,
-            offsets.data(), &total);
+        const std::string err =
+            jaxcc::piece::SegmentOffsets(c, d, n, sizes.data(), cap, offsets.data(), &total);
         if (!err.empty()) throw std::invalid_argument("jaxcc: " + err);
         return std::make_pair(offsets, total);
       },
