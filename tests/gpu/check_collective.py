@@ -145,6 +145,7 @@ def coded_collectives(devices, sizes):
     for algorithm in ("ring", "direct"):
       for dt in ("bfloat16", "float16", "float32"):
         for n in sizes:
+          n = n * p  # per rank: p tiles for reduce_scatter
           host = np.concatenate([float_data(kinds[r % 3], n, dt, rng) for r in range(p)])
           xs = jax.device_put(host, NamedSharding(mesh, P("x")))
           outs = []
