@@ -1,7 +1,7 @@
 // Encoded pieces: their segmented layout (xla_ffi/cpu/piece_codec.h) and the
 // plan of a rank's coded steps over the Nccl transport (xla_ffi/cuda/
 // collective.cu). Host code, built into the CPU module as well, so the plan is
-// tested without a GPU (tests/test_piece_layout.py).
+// tested without a GPU (tests/codec/test_piece_layout.py).
 //
 // A piece of n elements travels as ceil(n / kSegment) encodings of kSegment
 // elements (the last one fewer), back to back; a segment holds 256 "fixed"
