@@ -23,7 +23,7 @@ other step, but for its pieces into an owner slower than the fastest: those
 come after the S2 of the next chunk, as that owner's receive port is busy for
 the whole run only with its all-gather interleaved (p = 256, K = 16,
 stragglers at 0.5 and 0.75: 1.0039x the bound, against 1.035x with the whole
-S3 trailing and 1.16x with all of it last). 4 steps per chunk. The
+S3 trailing and 1.165x with all of it last). 4 steps per chunk. The
 chunks grow geometrically at the start and shrink at the end
 (``pieces.tapered_grid``): what is left of the pipeline's start (the first
 S2) and drain (the last S3) is a small chunk's share. The ramps take 4
