@@ -1,5 +1,5 @@
-"""Bit-level helpers shared by the kernel and codec tests (and tests/gpu): comparisons and
-adversarial float data."""
+"""Bit-level helpers shared by the kernel and codec tests (and tests/gpu): comparisons,
+adversarial float data and the segments of an encoded piece."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -62,3 +62,13 @@ def float_data(kind: str, n: int, dtype, rng) -> np.ndarray:
     where = rng.random(n) < 0.2
     x[where] = rng.choice(special, size=int(where.sum()))
   return x
+
+
+def segment_sizes(data: bytes) -> list[int]:
+  """The nbytes in the header of each segment of a segmented piece (xla_ffi/include/jaxcc/
+  piece_layout.h): its encodings back to back."""
+  sizes, at = [], 0
+  while at < len(data):
+    sizes.append(int.from_bytes(data[at + 16:at + 24], "little"))
+    at += sizes[-1]
+  return sizes

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import bitwise
+from bitwise import segment_sizes
 from jaxcc import Topology, _jaxcc_cpu, plan
 from jaxcc.codec import reference
 from jaxcc.schedules.ir import DST, DST_START, LENGTH, OP, REDUCE, SRC, SRC_START, STEP
@@ -38,15 +39,6 @@ def test_max_bytes_bound_every_piece(codec, dtype, n):
   for kind in ("special", "bits", "sparse", "weights"):
     x = bitwise.float_data(kind, n, dtype, rng)
     assert len(_jaxcc_cpu.piece_encode(*ids(codec, dtype), x.tobytes(), False)) <= bound
-
-
-def segment_sizes(data):
-  """The nbytes in the header of each segment of a segmented piece."""
-  sizes, at = [], 0
-  while at < len(data):
-    sizes.append(int.from_bytes(data[at + 16:at + 24], "little"))
-    at += sizes[-1]
-  return sizes
 
 
 @pytest.mark.parametrize("codec", CODECS)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: shared data
-from bitwise import float_data  # noqa: E402
+from bitwise import float_data, segment_sizes  # noqa: E402
 from check_codec import timed  # noqa: E402  (tests/gpu/, the script's folder)
 
 from jaxcc import _jaxcc_cpu  # noqa: E402
@@ -56,14 +56,6 @@ def segments(n):
   return -(-n // SEGMENT)
 
 
-def segment_sizes(data: bytes) -> list[int]:
-  sizes, at = [], 0
-  while at < len(data):
-    sizes.append(int.from_bytes(data[at + 16:at + 24], "little"))
-    at += sizes[-1]
-  return sizes
-
-
 def cpu_encode(x, codec) -> bytes:
   return _jaxcc_cpu.piece_encode(*ids(codec, x), np.asarray(x).tobytes(), False)
 
@@ -79,6 +71,16 @@ def gpu_encode(x, codec):
   return np.asarray(payload)[:int(sizes.sum(dtype=np.int64))].tobytes(), sizes
 
 
+def hop_call(own, codec):
+  """jaxcc_piece_hop for a result like own: (y, payload, segment sizes)."""
+  cid, did = ids(codec, own)
+  return jax.ffi.ffi_call("jaxcc_piece_hop",
+                          (jax.ShapeDtypeStruct(own.shape, own.dtype),
+                           jax.ShapeDtypeStruct((_jaxcc_cpu.piece_max_bytes(cid, did, own.size),),
+                                                jnp.uint8),
+                           jax.ShapeDtypeStruct((segments(own.size),), jnp.uint32)))
+
+
 def padded(pieces: list[bytes], width: int) -> np.ndarray:
   """The pieces as the rows of one (k, width) byte array (one shape per size: one compile)."""
   rows = np.zeros((len(pieces), width), np.uint8)
@@ -91,15 +93,10 @@ def gpu_hop(own, pieces: list[bytes], codec, gpu, add=True, encode=True, sizes=N
   """jaxcc_piece_hop: (own + pieces, or the one piece decoded; its encoding; segment sizes)."""
   cid, did = ids(codec, own)
   n = own.size
-  cap = _jaxcc_cpu.piece_max_bytes(cid, did, n)
-  rows = padded(pieces, max(cap, *(len(p) for p in pieces)))
+  rows = padded(pieces, max(_jaxcc_cpu.piece_max_bytes(cid, did, n), *(len(p) for p in pieces)))
   if sizes is None:
     sizes = np.array([segment_sizes(p) for p in pieces], np.uint32)
-  fn = jax.ffi.ffi_call("jaxcc_piece_hop",
-                        (jax.ShapeDtypeStruct(own.shape, own.dtype),
-                         jax.ShapeDtypeStruct((cap,), jnp.uint8),
-                         jax.ShapeDtypeStruct((segments(n),), jnp.uint32)))
-  y, payload, out_sizes = fn(jax.device_put(own, gpu), jax.device_put(rows, gpu),
+  y, payload, out_sizes = hop_call(own, codec)(jax.device_put(own, gpu), jax.device_put(rows, gpu),
                              jax.device_put(sizes, gpu), codec=np.int64(cid),
                              sum=np.int64(add), encode=np.int64(encode))
   out_sizes = np.asarray(out_sizes)
@@ -169,14 +166,10 @@ def throughput(gpu, quick: bool) -> None:
     for codec in CODECS:
       for k in (1, 7):
         pieces = [cpu_encode(float_data("weights", n, dtype, rng), codec) for _ in range(k)]
-        cid, did = ids(codec, own)
+        cid, _ = ids(codec, own)
         rows = jax.device_put(padded(pieces, max(len(p) for p in pieces)), gpu)
         sizes = jax.device_put(np.array([segment_sizes(p) for p in pieces], np.uint32), gpu)
-        fn = jax.ffi.ffi_call("jaxcc_piece_hop",
-                              (jax.ShapeDtypeStruct(own.shape, own.dtype),
-                               jax.ShapeDtypeStruct((_jaxcc_cpu.piece_max_bytes(cid, did, n),),
-                                                    jnp.uint8),
-                               jax.ShapeDtypeStruct((segments(n),), jnp.uint32)))
+        fn = hop_call(own, codec)
         t = timed(lambda: fn(x, rows, sizes, codec=np.int64(cid), sum=np.int64(1),
                              encode=np.int64(1)))
         rate = own.nbytes / t / 1e9

@@ -42,7 +42,6 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -102,27 +101,75 @@ std::string CudaMessage(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-// Polls comm until its pending NCCL operation has left ncclInProgress, up to
-// `timeout`. Empty on success; else the caller must abort the communicator.
-std::string WaitComm(const NcclApi& nccl, ncclComm_t comm, std::chrono::milliseconds timeout,
-                     const char* what) {
+// "" for a call that succeeded or is in progress (nonblocking communicators);
+// else `what` and NCCL's message.
+std::string NcclCheck(const NcclApi& nccl, ncclResult_t r, const std::string& what) {
+  if (r == ncclSuccess || r == ncclInProgress) return "";
+  return what + ": " + NcclMessage(nccl, r);
+}
+
+// The state of comm's pending operations: ncclSuccess, ncclInProgress or the
+// error that broke it.
+ncclResult_t AsyncState(const NcclApi& nccl, ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = nccl.CommGetAsyncError(comm, &state);
+  return r != ncclSuccess ? r : state;
+}
+
+// Polls `done` (nullopt: not yet; else the outcome, empty on success) with
+// backoff, up to `timeout`; then an error naming `what`. On an error the
+// caller must abort the communicator.
+template <typename Done>
+std::string Poll(std::chrono::milliseconds timeout, const std::string& what, Done done) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::microseconds(1);
   while (true) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = nccl.CommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) state = r;
-    if (state == ncclSuccess) return "";
-    if (state != ncclInProgress) {
-      return std::string(what) + " failed: " + NcclMessage(nccl, state);
-    }
+    if (std::optional<std::string> outcome = done()) return *outcome;
     if (std::chrono::steady_clock::now() > deadline) {
-      return std::string(what) + " did not finish within " + TimeoutText(timeout) +
+      return what + " did not finish within " + TimeoutText(timeout) +
              " (JAXCC_TIMEOUT_S); a peer is missing or stuck";
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
+}
+
+// Waits until comm's pending NCCL operation has left ncclInProgress.
+std::string WaitComm(const NcclApi& nccl, ncclComm_t comm, std::chrono::milliseconds timeout,
+                     const std::string& what) {
+  return Poll(timeout, what, [&]() -> std::optional<std::string> {
+    const ncclResult_t state = AsyncState(nccl, comm);
+    if (state == ncclInProgress) return std::nullopt;
+    return state == ncclSuccess ? "" : what + " failed: " + NcclMessage(nccl, state);
+  });
+}
+
+// Waits for the work enqueued on `stream` so far, failing early if comm breaks.
+std::string WaitStream(const NcclApi& nccl, ncclComm_t comm, cudaStream_t stream,
+                       std::chrono::milliseconds timeout, const std::string& what) {
+  return Poll(timeout, what, [&]() -> std::optional<std::string> {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return "";
+    if (e != cudaErrorNotReady) return what + ": " + CudaMessage(e);
+    const ncclResult_t state = AsyncState(nccl, comm);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return what + " failed: " + NcclMessage(nccl, state);
+    }
+    return std::nullopt;
+  });
+}
+
+// One NCCL group: `post` enqueues its sends and receives; the group is closed
+// in any case and waited for while in progress.
+std::string Group(const NcclApi& nccl, ncclComm_t comm, std::chrono::milliseconds timeout,
+                  const std::function<std::string()>& post, const std::string& what) {
+  std::string err = NcclCheck(nccl, nccl.GroupStart(), "ncclGroupStart");
+  if (!err.empty()) return err;
+  err = post();
+  const ncclResult_t end = nccl.GroupEnd();  // always, to close the group
+  if (!err.empty()) return err;
+  if (end == ncclInProgress) return WaitComm(nccl, comm, timeout, what);
+  return NcclCheck(nccl, end, "ncclGroupEnd");
 }
 
 // --- communicator registry -----------------------------------------------------
@@ -151,6 +198,13 @@ Comm* FindComm(int64_t key, int ordinal) {
   return it == Registry().end() ? nullptr : it->second;
 }
 
+// A call failed with the peers possibly mid-step: the communicator cannot be
+// trusted again, so it is marked broken and aborted (its only abort).
+void Abort(const NcclApi& nccl, Comm& comm, const std::string& error) {
+  comm.broken = error;
+  nccl.CommAbort(comm.comm);
+}
+
 // --- the transport and the kernels -----------------------------------------------
 
 class NcclTransport final : public Transport {
@@ -167,7 +221,7 @@ class NcclTransport final : public Transport {
     for (const RankStep& step : plan) {
       size_t bytes = 0;
       for (const auto* list : {&step.copies, &step.reduces}) {
-        for (const Piece& in : *list) bytes += Align(in.length * itemsize);
+        for (const Piece& in : *list) bytes += piece::Align(in.length * itemsize);
       }
       most = std::max(most, bytes);
     }
@@ -176,39 +230,35 @@ class NcclTransport final : public Transport {
 
   std::string Publish(int64_t step, const RankStep& plan) override {
     std::vector<Piece> sends = plan.sends;
-    std::sort(sends.begin(), sends.end(), PairOrder);
+    std::sort(sends.begin(), sends.end(), piece::PairOrder);
     received_.clear();
     for (const auto* list : {&plan.copies, &plan.reduces}) {
       for (const Piece& in : *list) received_.push_back({in, nullptr, false});
     }
     std::sort(received_.begin(), received_.end(),
-              [](const Slot& a, const Slot& b) { return PairOrder(a.piece, b.piece); });
+              [](const Slot& a, const Slot& b) { return piece::PairOrder(a.piece, b.piece); });
     size_t offset = 0;
     for (Slot& slot : received_) {
       slot.view = staging_ + offset;
-      offset += Align(slot.piece.length * itemsize_);
+      offset += piece::Align(slot.piece.length * itemsize_);
     }
-    std::string err = Check(nccl_.GroupStart(), "ncclGroupStart");
-    if (!err.empty()) return err;
-    for (const Piece& out : sends) {
-      if (!err.empty()) break;
-      err = Check(nccl_.Send(buf_ + out.src_start * itemsize_, out.length * itemsize_, ncclUint8,
-                             out.peer, comm_.comm, stream_),
-                  "ncclSend to rank " + std::to_string(out.peer));
-    }
-    for (const Slot& slot : received_) {
-      if (!err.empty()) break;
-      err = Check(nccl_.Recv(slot.view, slot.piece.length * itemsize_, ncclUint8, slot.piece.peer,
-                             comm_.comm, stream_),
-                  "ncclRecv from rank " + std::to_string(slot.piece.peer));
-    }
-    const ncclResult_t end = nccl_.GroupEnd();  // always, to close the group
-    if (!err.empty()) return err;
-    if (end == ncclInProgress) {
-      return WaitComm(nccl_, comm_.comm, timeout_,
-                      ("step " + std::to_string(step) + " send/receive").c_str());
-    }
-    return Check(end, "ncclGroupEnd");
+    return Group(nccl_, comm_.comm, timeout_, [&]() -> std::string {
+      for (const Piece& out : sends) {
+        std::string err = NcclCheck(nccl_, nccl_.Send(buf_ + out.src_start * itemsize_,
+                                                      out.length * itemsize_, ncclUint8,
+                                                      out.peer, comm_.comm, stream_),
+                                    "ncclSend to rank " + std::to_string(out.peer));
+        if (!err.empty()) return err;
+      }
+      for (const Slot& slot : received_) {
+        std::string err = NcclCheck(nccl_, nccl_.Recv(slot.view, slot.piece.length * itemsize_,
+                                                      ncclUint8, slot.piece.peer, comm_.comm,
+                                                      stream_),
+                                    "ncclRecv from rank " + std::to_string(slot.piece.peer));
+        if (!err.empty()) return err;
+      }
+      return "";
+    }, "step " + std::to_string(step) + " send/receive");
   }
 
   std::string Receive(int64_t step, const Piece& piece, size_t, const char** view) override {
@@ -229,12 +279,7 @@ class NcclTransport final : public Transport {
   std::string ReceivesDone(int64_t) override { return ""; }
   std::string SendsDone(int64_t, const RankStep&) override { return ""; }
 
-  // The peers may be mid-step: the communicator cannot be trusted again, so it
-  // is marked broken and aborted (its only abort).
-  void Fail(const std::string& error) override {
-    comm_.broken = error;
-    nccl_.CommAbort(comm_.comm);
-  }
+  void Fail(const std::string& error) override { Abort(nccl_, comm_, error); }
 
  private:
   struct Slot {
@@ -242,16 +287,6 @@ class NcclTransport final : public Transport {
     char* view;
     bool taken;
   };
-
-  static size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
-  static bool PairOrder(const Piece& a, const Piece& b) {
-    return std::tie(a.peer, a.src_start, a.dst_start, a.length) <
-           std::tie(b.peer, b.src_start, b.dst_start, b.length);
-  }
-  std::string Check(ncclResult_t r, const std::string& what) {
-    if (r == ncclSuccess || r == ncclInProgress) return "";
-    return what + ": " + NcclMessage(nccl_, r);
-  }
 
   const NcclApi& nccl_;
   Comm& comm_;
@@ -285,32 +320,6 @@ class CudaKernels final : public Kernels {
 };
 
 // --- coded pieces (jaxcc/piece_layout.h: the steps) ------------------------------
-
-// Waits for the work enqueued on `stream` so far, up to `timeout`, polling the
-// communicator's asynchronous error. Empty on success; else the caller must
-// abort the communicator.
-std::string WaitStream(const NcclApi& nccl, ncclComm_t comm, cudaStream_t stream,
-                       std::chrono::milliseconds timeout, const std::string& what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto pause = std::chrono::microseconds(1);
-  while (true) {
-    const cudaError_t e = cudaStreamQuery(stream);
-    if (e == cudaSuccess) return "";
-    if (e != cudaErrorNotReady) return what + ": " + CudaMessage(e);
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = nccl.CommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) state = r;
-    if (state != ncclSuccess && state != ncclInProgress) {
-      return what + " failed: " + NcclMessage(nccl, state);
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      return what + " did not finish within " + TimeoutText(timeout) +
-             " (JAXCC_TIMEOUT_S); a peer is missing or stuck";
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
-}
 
 // Runs a rank's coded steps: every piece travels encoded at its real size
 // (the step order of jaxcc/piece_layout.h), on one scratch allocation made
@@ -364,44 +373,34 @@ class CodedRunner {
     }
     const uint64_t words = coded_.words;
     const uint64_t sum_segments = piece::Segments(coded_.reduce_length);
-    uint64_t at = 0;
-    auto take = [&at](uint64_t bytes) {
-      const uint64_t here = at;
-      at += piece::Align(bytes);
-      return here;
-    };
-    const uint64_t send_area = take(coded_.send_bytes);
-    const uint64_t send_sizes = take(4 * words);
-    const uint64_t send_offsets = take(8 * (words + most_sends));
+    piece::Areas device;
+    const uint64_t send_area = device.Take(coded_.send_bytes);
+    const uint64_t send_sizes = device.Take(4 * words);
+    const uint64_t send_offsets = device.Take(8 * (words + most_sends));
     uint64_t staging[2], sums[2], recv_sizes[2], sum_sizes[2], recv_offsets[2], sum_offsets[2],
         status[2];
     for (int p = 0; p < 2; ++p) {
-      staging[p] = take(coded_.staging_bytes);
-      sums[p] = take(coded_.sum_bytes);
-      recv_sizes[p] = take(4 * words);
-      sum_sizes[p] = take(4 * sum_segments);
-      recv_offsets[p] = take(8 * (words + most_recvs));
-      sum_offsets[p] = take(8 * (sum_segments + 1));
-      status[p] = take(4 * most_recvs);
+      staging[p] = device.Take(coded_.staging_bytes);
+      sums[p] = device.Take(coded_.sum_bytes);
+      recv_sizes[p] = device.Take(4 * words);
+      sum_sizes[p] = device.Take(4 * sum_segments);
+      recv_offsets[p] = device.Take(8 * (words + most_recvs));
+      sum_offsets[p] = device.Take(8 * (sum_segments + 1));
+      status[p] = device.Take(4 * most_recvs);
     }
-    const uint64_t work_at = take(work);
-    std::optional<void*> mem = scratch_.Allocate(std::max<uint64_t>(at, 256), 256);
+    const uint64_t work_at = device.Take(work);
+    std::optional<void*> mem = scratch_.Allocate(std::max<uint64_t>(device.bytes, 256), 256);
     if (!mem.has_value() || *mem == nullptr) {
-      return "cannot allocate " + std::to_string(at) + " bytes for the coded pieces";
+      return "cannot allocate " + std::to_string(device.bytes) + " bytes for the coded pieces";
     }
     // Host arrays the stream copies to and from: pinned, so no copy waits for the stream.
-    uint64_t host = 0;
-    auto host_take = [&host](uint64_t bytes) {
-      const uint64_t here = host;
-      host += piece::Align(bytes);
-      return here;
-    };
-    const uint64_t host_sizes = host_take(4 * words);
-    const uint64_t host_status = host_take(4 * most_recvs);
-    const uint64_t host_offsets = host_take(8 * (words + most_recvs));
-    const uint64_t records = host_take(sizeof(piece::HopInput) * most_recvs);
-    if (comm_.pinned_bytes < host) {
-      const size_t bytes = std::max<size_t>(host, 2 * comm_.pinned_bytes);
+    piece::Areas host;
+    const uint64_t host_sizes = host.Take(4 * words);
+    const uint64_t host_status = host.Take(4 * most_recvs);
+    const uint64_t host_offsets = host.Take(8 * (words + most_recvs));
+    const uint64_t records = host.Take(sizeof(piece::HopInput) * most_recvs);
+    if (comm_.pinned_bytes < host.bytes) {
+      const size_t bytes = std::max<size_t>(host.bytes, 2 * comm_.pinned_bytes);
       void* buffer = nullptr;
       const cudaError_t e = cudaMallocHost(&buffer, bytes);
       if (e != cudaSuccess) return "cudaMallocHost(" + std::to_string(bytes) + "): " + CudaMessage(e);
@@ -433,18 +432,7 @@ class CodedRunner {
   std::string Cuda(cudaError_t e, const char* what) {
     return e == cudaSuccess ? "" : std::string(what) + ": " + CudaMessage(e);
   }
-  std::string Nccl(ncclResult_t r, const std::string& what) {
-    return r == ncclSuccess || r == ncclInProgress ? "" : what + ": " + NcclMessage(nccl_, r);
-  }
-  std::string Group(const std::function<std::string()>& post, const std::string& what) {
-    std::string err = Nccl(nccl_.GroupStart(), "ncclGroupStart");
-    if (!err.empty()) return err;
-    err = post();
-    const ncclResult_t end = nccl_.GroupEnd();  // always, to close the group
-    if (!err.empty()) return err;
-    if (end == ncclInProgress) return WaitComm(nccl_, comm_.comm, timeout_, what.c_str());
-    return Nccl(end, "ncclGroupEnd");
-  }
+  std::string Nccl(ncclResult_t r, const std::string& what) { return NcclCheck(nccl_, r, what); }
   // "rank 1, rank 3": the ranks a step receives from.
   static std::string Ranks(const std::vector<piece::CodedRecv>& recvs) {
     std::set<int> peers;
@@ -527,7 +515,7 @@ class CodedRunner {
       }
     }
     // 2. The sizes, one u32 per segment, in pair order.
-    err = Group([&]() -> std::string {
+    err = Group(nccl_, comm_.comm, timeout_, [&]() -> std::string {
       for (const piece::CodedSend& out : step.sends) {
         std::string e = Nccl(nccl_.Send(send_sizes_ + out.word, 4 * piece::Segments(out.piece.length),
                                         ncclUint8, out.piece.peer, comm_.comm, stream_),
@@ -569,7 +557,7 @@ class CodedRunner {
       if (!err.empty()) return err;
     }
     // 3. The encoded bytes.
-    err = Group([&]() -> std::string {
+    err = Group(nccl_, comm_.comm, timeout_, [&]() -> std::string {
       for (size_t j = 0; j < step.sends.size(); ++j) {
         const piece::CodedSend& out = step.sends[j];
         std::string e = Nccl(nccl_.Send(data[j], send_bytes[j], ncclUint8, out.piece.peer,
@@ -711,48 +699,35 @@ ffi::Error CollectiveImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, in
     CodedRunner runner(*nccl, *comm, stream, scratch, static_cast<codec::CodecId>(codec), d, buf,
                        std::chrono::milliseconds(timeout_ms));
     err = runner.Run(plan);
-    if (err.empty()) {
-      ce = cudaGetLastError();
-      if (ce != cudaSuccess) err = CudaMessage(ce);
+  } else {
+    char* staging = nullptr;
+    const size_t staging_bytes = NcclTransport::StagingBytes(plan, itemsize);
+    if (staging_bytes > 0) {
+      std::optional<void*> mem = scratch.Allocate(staging_bytes, 256);
+      if (!mem.has_value() || *mem == nullptr) {
+        return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                          what + who + ": cannot allocate " + std::to_string(staging_bytes) +
+                              " bytes of receive staging");
+      }
+      staging = static_cast<char*>(*mem);
     }
-    if (!err.empty()) {
-      comm->broken = err;
-      nccl->CommAbort(comm->comm);
-      return fail(err.rfind("step ", 0) == 0 ? "rank " + std::to_string(comm->rank) + ", " + err
-                                             : err + who);
-    }
-    return ffi::Error::Success();
+    NcclTransport transport(*nccl, *comm, stream, buf, itemsize, staging,
+                            std::chrono::milliseconds(timeout_ms));
+    CudaKernels kernels(stream, scratch, x.element_type());
+    err = RunSchedule(plan, transport, kernels, buf, itemsize);
   }
-
-  char* staging = nullptr;
-  const size_t staging_bytes = NcclTransport::StagingBytes(plan, itemsize);
-  if (staging_bytes > 0) {
-    std::optional<void*> mem = scratch.Allocate(staging_bytes, 256);
-    if (!mem.has_value() || *mem == nullptr) {
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        what + who + ": cannot allocate " + std::to_string(staging_bytes) +
-                            " bytes of receive staging");
-    }
-    staging = static_cast<char*>(*mem);
-  }
-  NcclTransport transport(*nccl, *comm, stream, buf, itemsize, staging,
-                          std::chrono::milliseconds(timeout_ms));
-  CudaKernels kernels(stream, scratch, x.element_type());
-  err = RunSchedule(plan, transport, kernels, buf, itemsize);
   if (err.empty()) {
     ce = cudaGetLastError();
     if (ce != cudaSuccess) err = CudaMessage(ce);
   }
   if (err.empty()) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = nccl->CommGetAsyncError(comm->comm, &state);
-    if (r != ncclSuccess) state = r;
+    const ncclResult_t state = AsyncState(*nccl, comm->comm);
     if (state != ncclSuccess && state != ncclInProgress) {
       err = "asynchronous NCCL error: " + NcclMessage(*nccl, state);
     }
   }
   if (!err.empty()) {
-    transport.Fail(err);
+    Abort(*nccl, *comm, err);
     return fail(err.rfind("step ", 0) == 0 ? "rank " + std::to_string(comm->rank) + ", " + err
                                            : err + who);
   }

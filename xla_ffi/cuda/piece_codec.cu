@@ -218,10 +218,11 @@ ffi::Error PieceEncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, f
     return ffi::Error::InvalidArgument(name + ": the payload or sizes buffer is too small");
   }
   const piece::HopWork w = piece::HopWorkLayout(c, d, n, 0, false, true);
-  const uint64_t bytes = w.bytes + piece::Align(8 * (piece::Segments(n) + 1));
-  std::optional<uint8_t*> work = Allocate(scratch, bytes);
-  if (!work) return NoScratch(name, bytes);
-  auto* offsets = reinterpret_cast<uint64_t*>(*work + w.bytes);
+  piece::Areas areas{w.bytes};
+  const uint64_t offsets_at = areas.Take(8 * (piece::Segments(n) + 1));
+  std::optional<uint8_t*> work = Allocate(scratch, areas.bytes);
+  if (!work) return NoScratch(name, areas.bytes);
+  auto* offsets = reinterpret_cast<uint64_t*>(*work + offsets_at);
   return piece::HopOnStream(name, stream, scratch, c, d, nullptr, nullptr, 0, false,
                             x.untyped_data(), n, *work, payload->typed_data(),
                             sizes->typed_data(), offsets);
@@ -271,12 +272,12 @@ ffi::Error PieceHopImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
     }
   }
   const piece::HopWork w = piece::HopWorkLayout(c, d, n, k, sum != 0, encode != 0);
-  const uint64_t offsets_at = w.bytes;
-  const uint64_t status_at = offsets_at + piece::Align(8 * host_offsets.size());
-  const uint64_t out_offsets_at = status_at + piece::Align(4 * k);
-  const uint64_t bytes = out_offsets_at + piece::Align(8 * (segments + 1));
-  std::optional<uint8_t*> work = Allocate(scratch, bytes);
-  if (!work) return NoScratch(name, bytes);
+  piece::Areas areas{w.bytes};
+  const uint64_t offsets_at = areas.Take(8 * host_offsets.size());
+  const uint64_t status_at = areas.Take(4 * k);
+  const uint64_t out_offsets_at = areas.Take(8 * (segments + 1));
+  std::optional<uint8_t*> work = Allocate(scratch, areas.bytes);
+  if (!work) return NoScratch(name, areas.bytes);
   auto* dev_offsets = reinterpret_cast<uint64_t*>(*work + offsets_at);
   auto* status = reinterpret_cast<uint32_t*>(*work + status_at);
   JAXCC_CUDA(name, cudaMemcpyAsync(dev_offsets, host_offsets.data(), host_offsets.size() * 8,

@@ -48,6 +48,16 @@ JAXCC_HD inline uint64_t SegmentLength(uint64_t n, uint64_t s) {
   return n - s * kSegment < kSegment ? n - s * kSegment : kSegment;
 }
 
+// Areas laid out one after another in one allocation, each starting aligned.
+struct Areas {
+  uint64_t bytes = 0;  // the end of the last one
+  uint64_t Take(uint64_t size) {
+    const uint64_t at = bytes;
+    bytes += Align(size);
+    return at;
+  }
+};
+
 // The most a piece of n elements takes, segmented.
 inline uint64_t MaxPieceBytes(codec::CodecId c, codec::DTypeId d, uint64_t n) {
   const uint64_t whole = n / kSegment, rest = n % kSegment;
@@ -83,32 +93,27 @@ struct HopWork {
 inline HopWork HopWorkLayout(codec::CodecId c, codec::DTypeId d, uint64_t n, uint64_t k,
                              bool sum, bool encode) {
   HopWork w;
-  uint64_t at = 0;
-  auto take = [&at](uint64_t bytes) {
-    const uint64_t here = at;
-    at += Align(bytes);
-    return here;
-  };
+  Areas areas;
   const uint64_t segments = Segments(n);
   const codec::DTypeInfo info = codec::Info(d);
-  w.inputs = take(k * sizeof(HopInput));
+  w.inputs = areas.Take(k * sizeof(HopInput));
   if (c == codec::kFixed) {
     const uint64_t blocks = codec::CeilDiv(n, codec::kFixedBlock);
-    w.spill = take(k * Align(4 * blocks));
-    w.meta = take(2 * blocks);
-    w.spill_size = take(4 * blocks);
-    w.spill_offset = take(4 * blocks);
+    w.spill = areas.Take(k * Align(4 * blocks));
+    w.meta = areas.Take(2 * blocks);
+    w.spill_size = areas.Take(4 * blocks);
+    w.spill_offset = areas.Take(4 * blocks);
   } else {
-    w.planes = take(segments * (info.planes + 1) * kSegment);
+    w.planes = areas.Take(segments * (info.planes + 1) * kSegment);
     if (encode) {
-      w.nz = take(segments * info.planes * kSegment);
-      w.bitmap = take(segments * (kSegment / 8));
-      w.slots = take(segments * (1 + kSegment * info.elem_bytes));
-      w.block_sizes = take(4 * (segments + 1));
+      w.nz = areas.Take(segments * info.planes * kSegment);
+      w.bitmap = areas.Take(segments * (kSegment / 8));
+      w.slots = areas.Take(segments * (1 + kSegment * info.elem_bytes));
+      w.block_sizes = areas.Take(4 * (segments + 1));
     }
-    w.decoded = take(sum ? k * n * info.elem_bytes : 0);
+    w.decoded = areas.Take(sum ? k * n * info.elem_bytes : 0);
   }
-  w.bytes = at;
+  w.bytes = areas.bytes;
   return w;
 }
 
@@ -165,14 +170,13 @@ inline CodedPlan PlanCoded(const std::vector<RankStep>& plan, codec::CodecId c, 
     }
     std::sort(step.recvs.begin(), step.recvs.end(),
               [](const CodedRecv& a, const CodedRecv& b) { return PairOrder(a.piece, b.piece); });
-    uint64_t at = 0;
+    Areas staging;
     for (CodedRecv& in : step.recvs) {
-      in.offset = at;
+      in.offset = staging.Take(MaxPieceBytes(c, d, in.piece.length));
       in.word = step.recv_words;
-      at += Align(MaxPieceBytes(c, d, in.piece.length));
       step.recv_words += Segments(in.piece.length);
     }
-    out.staging_bytes = std::max(out.staging_bytes, at);
+    out.staging_bytes = std::max(out.staging_bytes, staging.bytes);
     const std::vector<Piece>& red = plan[t].reduces;
     if (!red.empty()) {
       out.reduce_inputs = std::max<uint64_t>(out.reduce_inputs, red.size());
@@ -181,7 +185,7 @@ inline CodedPlan PlanCoded(const std::vector<RankStep>& plan, codec::CodecId c, 
 
     std::vector<Piece> sends = plan[t].sends;
     std::sort(sends.begin(), sends.end(), PairOrder);
-    at = 0;
+    Areas fresh;
     for (const Piece& p : sends) {
       CodedSend send{p};
       send.word = step.send_words;
@@ -195,6 +199,7 @@ inline CodedPlan PlanCoded(const std::vector<RankStep>& plan, codec::CodecId c, 
             prev_red[0].length == p.length) {
           send.forwards_sum = true;
           out.steps[t - 1].keeps_sum = true;
+          out.sum_bytes = std::max(out.sum_bytes, Align(MaxPieceBytes(c, d, p.length)));
         } else {
           for (size_t i = 0; i < prev.recvs.size(); ++i) {
             const Piece& in = prev.recvs[i].piece;
@@ -211,18 +216,12 @@ inline CodedPlan PlanCoded(const std::vector<RankStep>& plan, codec::CodecId c, 
         }
       }
       if (send.forwards < 0 && !send.forwards_sum) {
-        send.offset = at;
-        at += Align(MaxPieceBytes(c, d, p.length));
+        send.offset = fresh.Take(MaxPieceBytes(c, d, p.length));
       }
       step.sends.push_back(send);
     }
-    out.send_bytes = std::max(out.send_bytes, at);
+    out.send_bytes = std::max(out.send_bytes, fresh.bytes);
     out.words = std::max({out.words, step.send_words, step.recv_words});
-  }
-  for (size_t t = 0; t < plan.size(); ++t) {
-    if (out.steps[t].keeps_sum) {
-      out.sum_bytes = std::max(out.sum_bytes, Align(MaxPieceBytes(c, d, plan[t].reduces[0].length)));
-    }
   }
   return out;
 }
