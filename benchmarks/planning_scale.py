@@ -1,15 +1,19 @@
 """Planning at cluster scale: plan, price, simulate and prove all_reduce schedules up to 4,096 ranks.
 
-Two tables, measured in one run:
+Three tables, measured in one run:
 
   1. Per p (uniform 25 GB/s ports, rank 1 at 0.5, 256 MiB per rank, planner
-     caches cleared): the depth and transfers of the OptCC schedule, the time
-     to plan it (build and validate), to price "auto"'s candidates, to
-     simulate and to prove it (``sim.check``), the bytes of schedule data a
-     rank's executor receives (``Schedule.serialized_for``, the largest over
-     an owner and a leaf), and its time over the lower bound.
-  2. OptCC over the bound for 1 to 3 stragglers (0.5, 0.75, 0.3), at latency
-     0 (the fluid model) and 5 us.
+     caches cleared): the form (direct, or the grid from 512 owners on), depth
+     and transfers of the OptCC schedule at the default depth (64 KiB pieces at
+     least), the time to plan it (build and validate), to price "auto"'s
+     candidates, to simulate and to prove it (``sim.check``, up to
+     ``--max-check-ranks``), the bytes of schedule data the busiest rank's
+     executor receives (``Schedule.serialized_for``), and its time over the
+     lower bound; then the same at the fluid model's depth (``planner.depth``
+     with ``min_piece_bytes=0``: only the per-rank and whole-table transfer
+     limits bound it).
+  2. OptCC over the bound at the fluid depth for 1 to 3 stragglers (0.5,
+     0.75, 0.3), at latency 0 (the fluid model) and 5 us.
   3. Trace plus compile time of ``jaxcc.all_reduce`` on 64 virtual CPU devices
      (``algorithm="auto"``, with and without a straggler in its topology, and
      explicit native schedules) against ``lax.psum``, best of 3 from cleared
@@ -19,7 +23,8 @@ Beyond ``--max-simulate`` transfers a schedule is not simulated (the event
 loop holds every transfer in memory) and its time is the closed-form model's
 (``jaxcc.sim.model``), marked "model". Writes ``planning_scale.json`` next to
 this file (or ``--json``). Run: ``.venv/bin/python benchmarks/planning_scale.py``
-(``--ps 8 64 256`` for a quick run).
+(``--ps 8 64 256`` for a quick run; the whole run takes about 25 minutes and
+10 GiB on 2 cores).
 """
 
 from __future__ import annotations
@@ -36,11 +41,13 @@ use_virtual_cpu_devices(64)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jaxcc  # noqa: E402
 from jaxcc import Topology, planner  # noqa: E402
-from jaxcc.schedules.depth import choose_chunks  # noqa: E402
+from jaxcc.schedules.ir import DST, HEADER_LEN, NUM_COLUMNS, SRC  # noqa: E402
+from jaxcc.schedules.optcc import grid_layout  # noqa: E402
 from jaxcc.sim import check, lower_bound, simulate  # noqa: E402
 from jaxcc.sim.model import model_time  # noqa: E402
 
@@ -78,22 +85,44 @@ def over_bound(sched, topo, max_simulate):
   return t / bound, None, "model"
 
 
-def scale_row(p, max_simulate, max_check):
+def rank_data_bytes(sched) -> int:
+  """Bytes of ``serialized_for([r])`` for the rank with the most transfers."""
+  rows = np.bincount(sched.table[:, SRC], minlength=sched.nranks) + np.bincount(
+      sched.table[:, DST], minlength=sched.nranks)
+  return 8 * (HEADER_LEN + NUM_COLUMNS * int(rows.max()))
+
+
+def fluid(p, count, latency, max_simulate):
+  """OptCC at the fluid model's depth: a dict of its depth, transfers, times and ratio."""
+  topo = topology(p, count, latency)
+  clear_caches()
+  chunks = planner.depth("all_reduce", NBYTES // 4, 4, topo, "optcc", min_piece_bytes=0)
+  sched, plan_s = timed(lambda: planner.plan("all_reduce", NBYTES, topo, "optcc",
+                                             chunks=chunks))
+  ratio, sim_s, how = over_bound(sched, topo, max_simulate)
+  out = dict(chunks=chunks, transfers=len(sched.table), plan_s=plan_s, simulate_s=sim_s,
+             rank_table_bytes=rank_data_bytes(sched), time_over_bound=ratio, timed_by=how)
+  del sched
+  clear_caches()
+  return out
+
+
+def scale_row(p, max_simulate, max_check_ranks):
   topo = topology(p)
   clear_caches()
   sched, plan_s = timed(lambda: planner.plan("all_reduce", NBYTES, topo, "optcc"))
   clear_caches()
   _, price_s = timed(lambda: planner.auto_algorithm("all_reduce", NBYTES // 4, 4, topo))
-  rank_bytes = max(sched.serialized_for([r]).nbytes for r in (0, 1))
-  check_s = timed(lambda: check(sched))[1] if len(sched.table) <= max_check else None
+  check_s = timed(lambda: check(sched))[1] if p <= max_check_ranks else None
   ratio, sim_s, how = over_bound(sched, topo, max_simulate)
-  row = dict(p=p, chunks=sched.chunks, transfers=len(sched.table), plan_s=plan_s,
+  row = dict(p=p, form="direct" if grid_layout(topo.bandwidth) is None else "grid",
+             chunks=sched.chunks, transfers=len(sched.table), plan_s=plan_s,
              price_s=price_s, auto=planner.auto_algorithm("all_reduce", NBYTES // 4, 4, topo),
-             simulate_s=sim_s, check_s=check_s, rank_table_bytes=rank_bytes,
-             table_bytes=int(sched.serialized.nbytes), time_over_bound=ratio, timed_by=how,
-             max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20))
+             simulate_s=sim_s, check_s=check_s, rank_table_bytes=rank_data_bytes(sched),
+             table_bytes=int(sched.serialized.nbytes), time_over_bound=ratio, timed_by=how)
   del sched
-  clear_caches()
+  row["fluid"] = fluid(p, 1, 0.0, max_simulate)
+  row["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
   return row
 
 
@@ -130,42 +159,46 @@ def compile_times(reps: int = 3) -> list[dict]:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--ps", type=int, nargs="+", default=[8, 64, 256, 1024, 4096])
-  parser.add_argument("--max-simulate", type=int, default=10_000_000,
+  parser.add_argument("--max-simulate", type=int, default=40_000_000,
                       help="simulate schedules of at most this many transfers")
-  parser.add_argument("--max-check", type=int, default=10_000_000,
-                      help="prove schedules of at most this many transfers")
+  parser.add_argument("--max-check-ranks", type=int, default=1024,
+                      help="prove schedules of at most this many ranks (sim.check holds "
+                           "p x segments x p bits)")
   parser.add_argument("--json", type=pathlib.Path,
                       default=pathlib.Path(__file__).with_name("planning_scale.json"))
   args = parser.parse_args()
 
   print(f"all_reduce of {NBYTES // MiB} MiB, {BANDWIDTH / 1e9:g} GB/s ports, rank 1 at 0.5; "
-        f"optcc")
-  print(f"{'p':>5} {'K':>4} {'transfers':>11} {'plan s':>7} {'price s':>8} {'sim s':>7} "
-        f"{'check s':>8} {'rank data':>10} {'table':>10} {'t/bound':>8}")
+        f"optcc at the default depth, then at the fluid model's")
+  print(f"{'p':>5} {'form':>6} {'K':>4} {'transfers':>11} {'plan s':>7} {'price s':>8} "
+        f"{'sim s':>7} {'check s':>8} {'rank data':>10} {'table':>10} {'t/bound':>8} | "
+        f"{'K':>4} {'transfers':>11} {'plan s':>7} {'sim s':>7} {'rank data':>10} "
+        f"{'t/bound':>8}")
   rows = []
+  fmt = lambda v: "-" if v is None else f"{v:.3f}"
   for p in args.ps:
-    row = scale_row(p, args.max_simulate, args.max_check)
+    row = scale_row(p, args.max_simulate, args.max_check_ranks)
     rows.append(row)
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"
-    print(f"{p:>5} {row['chunks']:>4} {row['transfers']:>11,} {row['plan_s']:>7.2f} "
-          f"{row['price_s']:>8.4f} {fmt(row['simulate_s']):>7} {fmt(row['check_s']):>8} "
-          f"{row['rank_table_bytes'] / MiB:>7.2f}MiB {row['table_bytes'] / MiB:>7.0f}MiB "
-          f"{row['time_over_bound']:>8.4f} {row['timed_by']}", flush=True)
+    f = row["fluid"]
+    print(f"{p:>5} {row['form']:>6} {row['chunks']:>4} {row['transfers']:>11,} "
+          f"{row['plan_s']:>7.2f} {row['price_s']:>8.4f} {fmt(row['simulate_s']):>7} "
+          f"{fmt(row['check_s']):>8} {row['rank_table_bytes'] / MiB:>7.2f}MiB "
+          f"{row['table_bytes'] / MiB:>7.0f}MiB {row['time_over_bound']:>8.4f} | "
+          f"{f['chunks']:>4} {f['transfers']:>11,} {f['plan_s']:>7.2f} "
+          f"{fmt(f['simulate_s']):>7} {f['rank_table_bytes'] / MiB:>7.2f}MiB "
+          f"{f['time_over_bound']:>8.4f} {f['timed_by']}", flush=True)
 
-  print("\noptcc / lower bound (1 to 3 stragglers at 0.5, 0.75, 0.3)")
-  fluid = []
+  print("\noptcc / lower bound at the fluid depth (1 to 3 stragglers at 0.5, 0.75, 0.3)")
+  fluid_rows = []
   for p in [p for p in args.ps if p >= 256] or args.ps[-1:]:
     for latency in (0.0, 5e-6):
       cells = []
       for count in (1, 2, 3):
-        topo = topology(p, count, latency)
-        sched = planner.plan("all_reduce", NBYTES, topo, "optcc")
-        ratio, _, how = over_bound(sched, topo, args.max_simulate)
-        fluid.append(dict(p=p, latency=latency, stragglers=count, chunks=sched.chunks,
-                          time_over_bound=ratio, timed_by=how))
-        cells.append(f"{ratio:.4f} ({how}, K={sched.chunks})")
-        del sched
-        clear_caches()
+        known = next((r["fluid"] for r in rows if r["p"] == p), None)
+        f = known if count == 1 and latency == 0 and known else fluid(
+            p, count, latency, args.max_simulate)
+        fluid_rows.append(dict(p=p, latency=latency, stragglers=count, **f))
+        cells.append(f"{f['time_over_bound']:.4f} ({f['timed_by']}, K={f['chunks']})")
       print(f"  p={p:<5} latency {latency * 1e6:g} us: " + "   ".join(cells), flush=True)
 
   print("\ntrace + compile on 64 virtual CPU devices, 1 MiB float32 per rank (best of 3)")
@@ -175,9 +208,8 @@ def main():
           f"lax.psum", flush=True)
 
   args.json.write_text(json.dumps({"nbytes": NBYTES, "bandwidth": BANDWIDTH, "scale": rows,
-                                   "optcc_over_bound": fluid, "compile": compiles,
-                                   "choose_chunks": {p: choose_chunks("all_reduce", NBYTES, p)
-                                                     for p in args.ps}}, indent=1))
+                                   "optcc_over_bound": fluid_rows, "compile": compiles},
+                                  indent=1))
   print(f"wrote {args.json}")
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import functools
 
 from jaxcc import sim
-from jaxcc.schedules.depth import choose_chunks
+from jaxcc.schedules.depth import MIN_PIECE_BYTES, choose_chunks
 from jaxcc.schedules.direct import direct, direct_broadcast
 from jaxcc.schedules.hierarchical import hierarchical
 from jaxcc.schedules.ir import Schedule, check_perm
-from jaxcc.schedules.optcc import optcc
+from jaxcc.schedules.optcc import optcc, transfers_per_chunk
 from jaxcc.schedules.permute import permute
 from jaxcc.schedules.r2ccl import r2ccl
 from jaxcc.schedules.ring import chain_broadcast, ring
@@ -55,7 +55,7 @@ def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "aut
       with the smallest price (``price``).
     itemsize: bytes per element; ``nbytes`` must be a multiple of it.
     root: the source rank of a broadcast.
-    chunks: pipeline depth; by default from the cost model (``choose_chunks``).
+    chunks: pipeline depth; by default from the cost model (``depth``).
     perm: the ``(src, dst)`` pairs of a ppermute (required for it).
     api: the public function the error messages name.
 
@@ -75,14 +75,15 @@ def schedule(collective: str, length: int, itemsize: int, topology: Topology, al
              api: str = "jaxcc.plan") -> Schedule:
   """``plan`` in elements: the validated schedule for ``length`` elements per rank, cached.
 
-  ``chunks=None`` is the depth ``choose_chunks`` picks (the pipelined
-  schedule), ``chunks=1`` one chunk. "auto" is resolved at the depth asked
-  for (``auto_algorithm``).
+  ``chunks=None`` is the depth ``depth`` picks for the algorithm (the
+  pipelined schedule), ``chunks=1`` one chunk. "auto" is resolved at the depth
+  asked for (``auto_algorithm``).
   """
   root, chunks, perm = _arguments(collective, length, itemsize, topology, algorithm, root,
                                   chunks, perm, api)
   if algorithm == "auto":
     algorithm = _pick(collective, length, itemsize, topology, root, chunks, perm, api)
+  chunks = chunks or depth(collective, length, itemsize, topology, algorithm)
   return _build(collective, length, itemsize, topology, algorithm, root, chunks,
                 perm).validate(api)
 
@@ -93,12 +94,22 @@ def auto_algorithm(collective: str, length: int, itemsize: int, topology: Topolo
   """The algorithm "auto" stands for: the candidate with the smallest ``price``.
 
   The candidates (``candidates``) are priced at depth ``chunks`` (None: each
-  at the depth ``choose_chunks`` picks, as the Tcp transport runs them); ties
+  at the depth ``depth`` picks for it, as the Tcp transport runs them); ties
   go to the first.
   """
   root, chunks, perm = _arguments(collective, length, itemsize, topology, "auto", root,
                                   chunks, perm, api)
   return _pick(collective, length, itemsize, topology, root, chunks, perm, api)
+
+
+def depth(collective: str, length: int, itemsize: int, topology: Topology, algorithm: str, *,
+          min_piece_bytes: int = MIN_PIECE_BYTES) -> int:
+  """The pipeline depth of ``algorithm``'s schedule (``choose_chunks``): OptCC's grid form
+  moves fewer transfers per chunk than the direct and ring forms, so it may go deeper.
+  ``min_piece_bytes=0`` is the fluid model's depth (no per-message cost)."""
+  transfers = transfers_per_chunk(topology.bandwidth) if algorithm == "optcc" else None
+  return choose_chunks(collective, length * itemsize, topology.size, transfers=transfers,
+                       min_piece_bytes=min_piece_bytes)
 
 
 def candidates(collective: str, topology: Topology) -> tuple[str, ...]:
@@ -128,7 +139,8 @@ def _check_itemsize(itemsize, api: str) -> None:
 
 
 def _arguments(collective, length, itemsize, topology, algorithm, root, chunks, perm, api):
-  """Validates the arguments; returns ``(root, chunks, perm)`` as the cache keys them."""
+  """Validates the arguments; returns ``(root, chunks, perm)`` as the cache keys them
+  (``chunks`` None: each algorithm's own ``depth``)."""
   if not isinstance(topology, Topology):
     raise TypeError(f"{api}: topology must be a jaxcc.Topology, got {type(topology).__name__}")
   check_algorithm(collective, algorithm, api)
@@ -149,9 +161,8 @@ def _arguments(collective, length, itemsize, topology, algorithm, root, chunks, 
     root = 0
   elif isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < p:
     raise ValueError(f"{api}: root must be a rank in [0, {p}), got {root!r}")
-  if chunks is None:
-    chunks = choose_chunks(collective, length * itemsize, p)
-  elif isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+  if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int)
+                             or chunks < 1):
     raise ValueError(f"{api}: chunks must be a positive integer, got {chunks!r}")
   return root, chunks, perm
 
@@ -186,15 +197,17 @@ def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> st
   if len(names) == 1:
     return names[0]
   for name in names:  # what is simulated is built and validated here, so errors name `api`
-    if not _modelled(collective, name, topology, chunks):
-      _build(collective, length, itemsize, topology, name, root, chunks, perm).validate(api)
+    k = chunks or depth(collective, length, itemsize, topology, name)
+    if not _modelled(collective, name, topology, k):
+      _build(collective, length, itemsize, topology, name, root, k, perm).validate(api)
   return _cheapest(collective, length, itemsize, topology, root, chunks, perm)
 
 
 @functools.lru_cache(maxsize=256)
 def _cheapest(collective, length, itemsize, topology, root, chunks, perm) -> str:
-  times = [price(collective, length, itemsize, topology, name, root=root, chunks=chunks,
-                 perm=perm) for name in candidates(collective, topology)]
+  times = [price(collective, length, itemsize, topology, name, root=root,
+                 chunks=chunks or depth(collective, length, itemsize, topology, name), perm=perm)
+           for name in candidates(collective, topology)]
   return candidates(collective, topology)[times.index(min(times))]
 
 

@@ -4,11 +4,14 @@ import numpy as np
 import pytest
 
 import jaxcc
-from jaxcc import Topology, plan
+from jaxcc import Topology, plan, planner
 from jaxcc.planner import ALGORITHMS, auto_algorithm, schedule
 from jaxcc.schedules import COPY, REDUCE, ScheduleError, choose_chunks, optimal_shares
-from jaxcc.schedules.depth import MAX_CHUNKS, MAX_RANK_TRANSFERS, MIN_PIECE_BYTES
+from jaxcc.schedules import optcc as optcc_module
+from jaxcc.schedules.depth import (MAX_CHUNKS, MAX_RANK_TRANSFERS, MAX_TABLE_TRANSFERS,
+                                   MIN_PIECE_BYTES)
 from jaxcc.schedules.ir import DST, HEADER_LEN, SRC, TABLE_MAGIC, TABLE_VERSION, read_table
+from jaxcc.sim import check
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
@@ -81,6 +84,13 @@ def test_choose_chunks():
   assert choose_chunks("all_reduce", 1 << 40, 1024) == 16 <= MAX_RANK_TRANSFERS // (4 * 1023)
   assert choose_chunks("reduce_scatter", 1 << 40, 1024) == 32
   assert choose_chunks("broadcast", MIN_PIECE_BYTES * 2, 8) == 2
+  # Without the piece floor (the fluid model) only the transfer limits bound it; the whole
+  # table's limit binds from p = 2048 on.
+  assert choose_chunks("all_reduce", 1 << 28, 1024) == 4
+  assert choose_chunks("all_reduce", 1 << 28, 1024, min_piece_bytes=0) == 16
+  assert choose_chunks("all_reduce", 1 << 40, 2048) == 4 == MAX_TABLE_TRANSFERS // (2 * 2048 * 2047)
+  assert choose_chunks("all_reduce", 1 << 28, 4096, transfers=(506, 1032070),
+                       min_piece_bytes=0) == 32
 
 
 def test_table_serialisation_and_transfers():
@@ -254,3 +264,59 @@ def test_ppermute_plan_errors(kwargs, match):
     plan("ppermute", 64, Topology.uniform(4, 1.0), **kwargs)
   with pytest.raises(ValueError, match="^jaxcc.plan: perm is for ppermute only"):
     plan("broadcast", 64, Topology.uniform(4, 1.0), perm=[(0, 1)])
+
+
+def grid_schedule(length, topo, chunks, itemsize=4):
+  """OptCC's grid form on a topology too small for ``optcc`` to choose it."""
+  grid, leaves = optcc_module.grid_layout(topo.bandwidth, min_owners=4)
+  return optcc_module._grid_optcc(length, topo.size, itemsize, chunks, grid, leaves)
+
+
+@pytest.mark.parametrize("p, stragglers", [(4, ()), (8, (3,)), (13, (0, 12)), (18, (4,)),
+                                           (30, (1, 2, 29))])
+@pytest.mark.parametrize("chunks", [1, 3, 8])
+@pytest.mark.parametrize("length", [1, 997, 40_000])
+def test_optcc_grid_form_is_proved_and_balances_ports(p, stragglers, chunks, length):
+  topo = Topology.uniform(p, 1.0)
+  for rank in stragglers:
+    topo = topo.with_straggler(rank, 0.3)  # slow enough that owners left over may be leaves
+  grid, leaves = optcc_module.grid_layout(topo.bandwidth, min_owners=4)
+  assert grid.size + len(leaves) == p and set(stragglers) <= set(leaves.tolist())
+  s = grid_schedule(length, topo, chunks).validate()
+  check(s)
+  a, b = grid.shape
+  per_owner = length + (p - 2) * length / (a * b)  # N + (p-2) w, in elements
+  # The pieces' rounding, and each leaf's column pieces, which rotate over the owners of a
+  # column chunk by chunk.
+  tolerance = 2 * chunks * (a + b) + len(leaves) * (length // b + 1)
+  for volume in (s.bytes_sent() / 4, s.bytes_received() / 4):
+    np.testing.assert_allclose(volume[grid.ravel()], per_owner, atol=tolerance)
+    np.testing.assert_array_equal(volume[leaves], length)
+  steps = 6 if len(leaves) else 4
+  assert s.num_steps <= steps * chunks
+
+
+def test_optcc_takes_the_grid_form_from_512_owners_and_goes_deeper():
+  straggler = Topology.uniform(1024, 25e9).with_straggler(1, 0.5)
+  grid, leaves = optcc_module.grid_layout(straggler.bandwidth)
+  assert grid.shape == (31, 33) and leaves.tolist() == [1]  # 1023 owners = 31 x 33
+  assert optcc_module.grid_layout(Topology.uniform(511, 1.0).bandwidth) is None
+  # Ranks at two speeds: every slower rank a leaf would cost more than GRID_SLACK.
+  two_speeds = Topology.from_bandwidths([1.0] * 600 + [0.9] * 600)
+  assert optcc_module.grid_layout(two_speeds.bandwidth) is None
+  np.testing.assert_allclose(optcc_module.shares(two_speeds.bandwidth),
+                             optimal_shares(two_speeds.bandwidth))
+  shares = optcc_module.shares(straggler.bandwidth)
+  assert shares[1] == 0 and shares.sum() == pytest.approx(1.0)
+
+  rank, table = optcc_module.transfers_per_chunk(straggler.bandwidth)
+  n = 1 << 28  # 256 MiB
+  k = planner.depth("all_reduce", n // 4, 4, straggler, "optcc", min_piece_bytes=0)
+  assert k == 256 > planner.depth("all_reduce", n // 4, 4, straggler, "direct", min_piece_bytes=0)
+  s = plan("all_reduce", n, straggler, "optcc", chunks=4)
+  assert s.chunks == 4 == planner.depth("all_reduce", n // 4, 4, straggler, "optcc")
+  assert len(s.table) == 4 * table
+  sends = np.bincount(s.table[:, SRC], minlength=1024) + np.bincount(s.table[:, DST],
+                                                                     minlength=1024)
+  assert sends.max() <= 4 * rank
+  assert plan("all_reduce", n, straggler, "optcc") is s

@@ -36,16 +36,34 @@ the lower bound (equal chunks in the order S1, S2, S4, S3: 1.020-1.039x).
 
 Within a stage the transfers go in rounds (owner i to owner i + k; in round k
 every leaf sends to owner k), so no owner receives two owners' pieces at once.
+
+From ``GRID_MIN_OWNERS`` owners of the fastest port on, the owners sit on an
+``a x b`` grid (``grid_layout``, ``_grid_optcc``) and reduce-scatter and
+all-gather in two hops, along rows and along columns: the same bytes per port,
+but ``4 (a + b)`` transfers per rank and chunk instead of ``4 (p-1)``, so the
+table is ``O(p^1.5 K)`` and a rank's part ``O(sqrt(p) K)``. Its first hop's
+messages are ``b`` times the direct form's, so at one depth it drains later
+(fluid model, one straggler at 0.5: p = 256, K = 16 1.032x the bound against
+the direct form's 1.0038x), and it needs the depth its few transfers allow:
+p = 1024 1.016x at K = 16, 1.0062x at 32, 1.0029x at 64; p = 4096 1.0093x at
+K = 16, planned in 6 s and simulated in 21 s, where the direct form's table
+at K = 16 would be 537 M transfers.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 
-from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder, split_weighted
+from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder, split, split_weighted
 from jaxcc.schedules.pieces import piece_grid, tapered_grid
+
+# The grid form (``grid_layout``): from this many owners of the fastest port on, where its
+# equal shares are at most GRID_SLACK slower than water-filling's in the fluid model.
+GRID_MIN_OWNERS = 512
+GRID_SLACK = 1e-3
 
 
 def optimal_shares(bandwidth: Sequence[float]) -> np.ndarray:
@@ -63,15 +81,40 @@ def optimal_shares(bandwidth: Sequence[float]) -> np.ndarray:
   return w / w.sum()
 
 
+def shares(bandwidth: Sequence[float]) -> np.ndarray:
+  """Fractions ``w_i / N`` that ``optcc`` gives each rank: equal on its grid, else
+  ``optimal_shares``."""
+  grid = grid_layout(bandwidth)
+  if grid is None:
+    return optimal_shares(bandwidth)
+  w = np.zeros(len(bandwidth))
+  w[grid[0]] = 1.0 / grid[0].size
+  return w
+
+
+def transfers_per_chunk(bandwidth: Sequence[float]) -> tuple[int, int] | None:
+  """Per chunk, the transfers OptCC's busiest rank sends or receives and those of its whole
+  table, for ``choose_chunks``: the grid form's; None for the direct form (the default's)."""
+  grid = grid_layout(bandwidth)
+  if grid is None:
+    return None
+  (a, b), leaves = grid[0].shape, len(grid[1])
+  return (max(4 * (a + b - 2) + 2 * -(-leaves // a), 2 * b),
+          2 * a * b * (a + b - 2) + 2 * leaves * b)
+
+
 def optcc(length: int, p: int, itemsize: int, chunks: int,
           bandwidth: Sequence[float]) -> Schedule:
   """OptCC all_reduce for ranks with port bandwidths ``bandwidth``.
 
   Bytes sent (and received) per rank: ``N + (p-2) w_i``; steps: 4 per chunk with leaves,
-  2 without.
+  2 without; on its grid (``grid_layout``) 6 and 4.
   """
-  tb = TableBuilder()
   bw = np.asarray(bandwidth, dtype=np.float64)
+  grid = grid_layout(bw)
+  if grid is not None:
+    return _grid_optcc(length, p, itemsize, chunks, *grid)
+  tb = TableBuilder()
   shards = split_weighted(length, optimal_shares(bw))
   owns = np.diff(shards) > 0
   c = np.arange(chunks)[:, None, None]
@@ -99,3 +142,74 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
     s3 = np.where(bw[dst] < bw[owners].max(initial=0.0), 4 * c + 7, 4 * chunks + c)
   tb.add_rows(s3, src, dst, lo, lo, hi - lo, COPY)
   return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)
+
+
+def grid_layout(bandwidth: Sequence[float],
+                min_owners: int = GRID_MIN_OWNERS) -> tuple[np.ndarray, np.ndarray] | None:
+  """The owners on an ``(a, b)`` grid and the leaves of OptCC's grid form, or None.
+
+  The grid form is taken where at least ``min_owners`` ranks share the fastest
+  port and making every other rank (and the ``m - a b`` owners that do not fit
+  the grid) a leaf costs at most ``GRID_SLACK`` of the water-filling time
+  ``max_i (N + (p-2) w_i) / B_i``: its owners then have equal shares, which the
+  grid needs for balanced ports. ``a <= b`` minimise the owners left over,
+  then ``a + b``.
+  """
+  bw = np.asarray(bandwidth, dtype=np.float64)
+  p = len(bw)
+  full = np.flatnonzero(bw == bw.max()) if p else np.zeros(0, np.int64)
+  m = len(full)
+  if m < max(min_owners, 4):
+    return None
+  a = max(range(max(2, math.isqrt(m) // 2), math.isqrt(m) + 1), key=lambda a: (-(m % a), a))
+  b = m // a
+  owners = full[:a * b]
+  leaves = np.setdiff1d(np.arange(p), owners)
+  grid_time = max((1 + (p - 2) / (a * b)) / bw.max(), (1 / bw[leaves]).max(initial=0.0))
+  best_time = ((1 + (p - 2) * optimal_shares(bw)) / bw).max()
+  if grid_time > best_time * (1 + GRID_SLACK):
+    return None
+  return owners.reshape(a, b), leaves
+
+
+def _grid_optcc(length: int, p: int, itemsize: int, chunks: int, grid: np.ndarray,
+                leaves: np.ndarray) -> Schedule:
+  """OptCC's grid form: the reduce-scatter and all-gather among owners in two hops.
+
+  Owner ``(r, j)`` of the ``(a, b)`` grid reduces column j's range of the
+  buffer with its row (R1), then its piece of it with its column (R2); the
+  all-gather runs back, column (A1) then row (A2). Leaf l sends column j of
+  chunk c into row ``(l + c + j) mod a`` of column j with R1 and gets the
+  column's result from that owner after A1. Bytes per owner each way are
+  ``N + (p-2) N / (a b)``, as the direct form's; messages per owner and
+  chunk ``2 (a + b - 2)`` instead of ``2 (m - 1)``, per leaf ``2 b``. Steps per
+  chunk: R1, leaves in, R2, A1, leaves out, with every A2 after all of them
+  (it fills the owners' ports' gaps); without leaves R1, R2, A1, A2.
+  """
+  a, b = grid.shape
+  tb = TableBuilder()
+  cols = tapered_grid(split(length, b), chunks, 4)  # (b, K, 2): column j's chunk c
+  lo, hi = cols[..., 0].T, cols[..., 1].T  # (K, b)
+  c = np.arange(chunks)[:, None, None, None]  # axes: chunk, round, row, column
+  r, j = np.arange(a)[None, None, :, None], np.arange(b)[None, None, None, :]
+  if len(leaves):
+    r1, l1, r2, a1, l4, a2 = 5 * c, 5 * c + 1, 5 * c + 2, 5 * c + 3, 5 * c + 4, 5 * chunks + c
+  else:
+    r1, r2, a1, a2 = 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3
+  k = np.arange(1, b)[None, :, None, None]  # R1 and A2, round k: (r, j) -> (r, j + k)
+  to = (j + k) % b
+  tb.add_rows(r1, grid[r, j], grid[r, to], lo[c, to], lo[c, to], hi[c, to] - lo[c, to], REDUCE)
+  down = (r + np.arange(1, a)[None, :, None, None]) % a  # R2 and A1, round k: (r + k, j)
+  piece = lambda row: lo[c, j] + (hi[c, j] - lo[c, j]) * row // a  # row's piece of (c, j)
+  tb.add_rows(r2, grid[r, j], grid[down, j], piece(down), piece(down),
+              piece(down + 1) - piece(down), REDUCE)
+  tb.add_rows(a1, grid[r, j], grid[down, j], piece(r), piece(r), piece(r + 1) - piece(r), COPY)
+  tb.add_rows(a2, grid[r, j], grid[r, to], lo[c, j], lo[c, j], hi[c, j] - lo[c, j], COPY)
+  if len(leaves):  # round k: leaf l into column (k + l) mod b, through row (l + c + column) mod a
+    leaf = np.arange(len(leaves))[None, None, :]
+    c, col = np.arange(chunks)[:, None, None], (np.arange(b)[None, :, None] + leaf) % b
+    owner, start, n = grid[(leaf + c + col) % a, col], lo[c, col], hi[c, col] - lo[c, col]
+    tb.add_rows(l1[..., 0], leaves[leaf], owner, start, start, n, REDUCE)
+    tb.add_rows(l4[..., 0], owner, leaves[leaf], start, start, n, COPY)
+  return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)
+

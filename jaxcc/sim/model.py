@@ -14,8 +14,8 @@ send ports ``S_i``, receive ports ``R_i``, ``N`` bytes and ``K`` chunks:
   first through every hop's send and receive port, the other ``K - 1`` at its
   slowest link; a ppermute's pairs alike, over one hop. The others run at their
   busiest port: direct ``2 (p-1) N / p`` (all_reduce) or ``(p-1) N / p`` per
-  rank each way; optcc ``N + (p-2) w_i`` with the shares ``w_i`` of
-  ``optimal_shares``; a direct broadcast's k-th copy leaves the root after
+  rank each way; optcc ``N + (p-2) w_i`` with the shares ``w_i`` it plans
+  (``optcc.shares``); a direct broadcast's k-th copy leaves the root after
   ``k N / S_root`` and is in ``N / R`` later.
 * fill: ``FILL[algorithm] / K`` of the bandwidth term, the pipeline's start
   and drain. The constants are the median of ``(simulate / bandwidth - 1) K``
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcc.schedules.optcc import optimal_shares
+from jaxcc.schedules.optcc import shares
 from jaxcc.topology import Topology
 
 API = "jaxcc.sim.model_time"
@@ -90,7 +90,7 @@ def model_time(collective: str, algorithm: str, nbytes: float, topology: Topolog
     hops = phases * (p - 1)
   else:
     if algorithm == "optcc":
-      volume = n + (p - 2) * optimal_shares(topology.bandwidth) * n
+      volume = n + (p - 2) * shares(topology.bandwidth) * n
     else:
       volume = np.full(p, phases * (p - 1) * n / p)
     bandwidth = max((volume / send).max(), (volume / recv).max())
