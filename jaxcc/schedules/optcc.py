@@ -84,22 +84,22 @@ def optimal_shares(bandwidth: Sequence[float]) -> np.ndarray:
 def shares(bandwidth: Sequence[float]) -> np.ndarray:
   """Fractions ``w_i / N`` that ``optcc`` gives each rank: equal on its grid, else
   ``optimal_shares``."""
-  grid = grid_layout(bandwidth)
-  if grid is None:
+  layout = grid_layout(bandwidth)
+  if layout is None:
     return optimal_shares(bandwidth)
   w = np.zeros(len(bandwidth))
-  w[grid[0]] = 1.0 / grid[0].size
+  w[layout[0]] = 1.0 / layout[0].size
   return w
 
 
 def transfers_per_chunk(bandwidth: Sequence[float]) -> tuple[int, int] | None:
   """Per chunk, the transfers OptCC's busiest rank sends or receives and those of its whole
   table, for ``choose_chunks``: the grid form's; None for the direct form (the default's)."""
-  grid = grid_layout(bandwidth)
-  if grid is None:
+  layout = grid_layout(bandwidth)
+  if layout is None:
     return None
-  (a, b), leaves = grid[0].shape, len(grid[1])
-  return (max(4 * (a + b - 2) + 2 * -(-leaves // a), 2 * b),
+  (a, b), leaves = layout[0].shape, len(layout[1])
+  return (max(4 * (a + b - 2) + 2 * math.ceil(leaves / a), 2 * b),
           2 * a * b * (a + b - 2) + 2 * leaves * b)
 
 
@@ -111,9 +111,9 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
   2 without; on its grid (``grid_layout``) 6 and 4.
   """
   bw = np.asarray(bandwidth, dtype=np.float64)
-  grid = grid_layout(bw)
-  if grid is not None:
-    return _grid_optcc(length, p, itemsize, chunks, *grid)
+  layout = grid_layout(bw)
+  if layout is not None:
+    return _grid_optcc(length, p, itemsize, chunks, *layout)
   tb = TableBuilder()
   shards = split_weighted(length, optimal_shares(bw))
   owns = np.diff(shards) > 0
@@ -157,7 +157,9 @@ def grid_layout(bandwidth: Sequence[float],
   """
   bw = np.asarray(bandwidth, dtype=np.float64)
   p = len(bw)
-  full = np.flatnonzero(bw == bw.max()) if p else np.zeros(0, np.int64)
+  if p < max(min_owners, 4):
+    return None
+  full = np.flatnonzero(bw == bw.max())
   m = len(full)
   if m < max(min_owners, 4):
     return None
@@ -212,4 +214,3 @@ def _grid_optcc(length: int, p: int, itemsize: int, chunks: int, grid: np.ndarra
     tb.add_rows(l1[..., 0], leaves[leaf], owner, start, start, n, REDUCE)
     tb.add_rows(l4[..., 0], owner, leaves[leaf], start, start, n, COPY)
   return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)
-
