@@ -88,7 +88,8 @@ def test_choose_chunks():
   # table's limit binds from p = 2048 on.
   assert choose_chunks("all_reduce", 1 << 28, 1024) == 4
   assert choose_chunks("all_reduce", 1 << 28, 1024, min_piece_bytes=0) == 16
-  assert choose_chunks("all_reduce", 1 << 40, 2048) == 4 == MAX_TABLE_TRANSFERS // (2 * 2048 * 2047)
+  table = 2 * 2048 * 2047  # an all_reduce's transfers per chunk
+  assert choose_chunks("all_reduce", 1 << 40, 2048) == 4 == MAX_TABLE_TRANSFERS // table
   assert choose_chunks("all_reduce", 1 << 28, 4096, transfers=(506, 1032070),
                        min_piece_bytes=0) == 32
 
@@ -316,7 +317,7 @@ def test_optcc_takes_the_grid_form_from_512_owners_and_goes_deeper():
   s = plan("all_reduce", n, straggler, "optcc", chunks=4)
   assert s.chunks == 4 == planner.depth("all_reduce", n // 4, 4, straggler, "optcc")
   assert len(s.table) == 4 * table
-  sends = np.bincount(s.table[:, SRC], minlength=1024) + np.bincount(s.table[:, DST],
-                                                                     minlength=1024)
-  assert sends.max() <= 4 * rank
+  rows = np.bincount(s.table[:, SRC], minlength=1024) + np.bincount(s.table[:, DST],
+                                                                    minlength=1024)
+  assert rows.max() <= 4 * rank
   assert plan("all_reduce", n, straggler, "optcc") is s
