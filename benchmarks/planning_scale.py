@@ -47,7 +47,7 @@ from jax import lax  # noqa: E402
 import jaxcc  # noqa: E402
 from jaxcc import Topology, planner  # noqa: E402
 from jaxcc.schedules.ir import DST, HEADER_LEN, NUM_COLUMNS, SRC  # noqa: E402
-from jaxcc.schedules.optcc import grid_layout  # noqa: E402
+from jaxcc.schedules import optcc  # noqa: E402
 from jaxcc.sim import check, lower_bound, simulate  # noqa: E402
 from jaxcc.sim.model import model_time  # noqa: E402
 
@@ -67,6 +67,7 @@ def topology(p: int, count: int = 1, latency: float = 0.0) -> Topology:
 def clear_caches():
   planner._build.cache_clear()
   planner._cheapest.cache_clear()
+  optcc._grid_layout.cache_clear()
 
 
 def timed(fn):
@@ -115,7 +116,7 @@ def scale_row(p, max_simulate, max_check_ranks):
   _, price_s = timed(lambda: planner.auto_algorithm("all_reduce", NBYTES // 4, 4, topo))
   check_s = timed(lambda: check(sched))[1] if p <= max_check_ranks else None
   ratio, sim_s, how = over_bound(sched, topo, max_simulate)
-  row = dict(p=p, form="direct" if grid_layout(topo.bandwidth) is None else "grid",
+  row = dict(p=p, form="direct" if optcc.grid_layout(topo.bandwidth) is None else "grid",
              chunks=sched.chunks, transfers=len(sched.table), plan_s=plan_s,
              price_s=price_s, auto=planner.auto_algorithm("all_reduce", NBYTES // 4, 4, topo),
              simulate_s=sim_s, check_s=check_s, rank_table_bytes=rank_data_bytes(sched),

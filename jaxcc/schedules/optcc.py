@@ -52,6 +52,7 @@ at K = 16 would be 537 M transfers.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -153,13 +154,17 @@ def grid_layout(bandwidth: Sequence[float],
   the grid) a leaf costs at most ``GRID_SLACK`` of the water-filling time
   ``max_i (N + (p-2) w_i) / B_i``: its owners then have equal shares, which the
   grid needs for balanced ports. ``a <= b`` minimise the owners left over,
-  then ``a + b``.
+  then ``a + b``. Cached per bandwidth vector (read-only arrays): the planner
+  asks for it for the depth, the price and the schedule.
   """
+  return _grid_layout(tuple(map(float, bandwidth)), min_owners)
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_layout(bandwidth: tuple[float, ...], min_owners: int):
   bw = np.asarray(bandwidth, dtype=np.float64)
   p = len(bw)
-  if p < max(min_owners, 4):
-    return None
-  full = np.flatnonzero(bw == bw.max())
+  full = np.flatnonzero(bw == bw.max(initial=0.0))
   m = len(full)
   if m < max(min_owners, 4):
     return None
@@ -171,7 +176,10 @@ def grid_layout(bandwidth: Sequence[float],
   best_time = ((1 + (p - 2) * optimal_shares(bw)) / bw).max()
   if grid_time > best_time * (1 + GRID_SLACK):
     return None
-  return owners.reshape(a, b), leaves
+  owners = owners.reshape(a, b)
+  owners.setflags(write=False)
+  leaves.setflags(write=False)
+  return owners, leaves
 
 
 def _grid_optcc(length: int, p: int, itemsize: int, chunks: int, grid: np.ndarray,
