@@ -1,6 +1,6 @@
 """jaxcc: collective communication for JAX that stays fast on real, imperfect networks."""
 
-from jaxcc import codec, optim, schedules, sim
+from jaxcc import codec, network, optim, schedules, sim
 from jaxcc.collectives import (all_gather, all_reduce, broadcast, ppermute, recover,
                                reduce_scatter)
 from jaxcc.planner import plan
@@ -17,6 +17,7 @@ __all__ = [
     "all_reduce",
     "broadcast",
     "codec",
+    "network",
     "optim",
     "plan",
     "ppermute",

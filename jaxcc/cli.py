@@ -179,6 +179,28 @@ def _bench_diloco(args) -> None:
     diloco.plot(result, args.plot)
 
 
+def _bench_train(args) -> None:
+  from jaxcc.bench import train
+  rows = train.run(args.ranks, rate=args.rate, degrade=args.degrade, steps=args.steps,
+                   width=args.width, batch=args.batch, methods=_names(args.methods),
+                   clusters=tuple(args.clusters) if args.clusters else None,
+                   inter_rate=args.inter_rate, grad_dtype=args.grad_dtype)
+  print(train.table(rows))
+  if args.json:
+    report.write_json({"command": "jaxcc " + " ".join(sys.argv[1:]), "rows": rows}, args.json)
+  if args.plot:
+    train.plot(rows, args.plot)
+
+
+def _parse_degrade(text: str) -> tuple[int, float, int]:
+  try:
+    rank, rest = text.split(":")
+    fraction, step = rest.split("@")
+    return int(rank), float(fraction), int(step)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected RANK:FRACTION@STEP, got {text!r}") from None
+
+
 def _parse_kill(text: str) -> tuple[int, int]:
   rank, _, at = text.partition("@")
   try:
@@ -300,6 +322,34 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--plot", type=_plot_path, metavar="PATH",
                  help="write a PNG of loss against steps and wall time")
   p.set_defaults(command=_bench_diloco)
+
+  p = benches.add_parser(
+      "train", help="data-parallel training on the testbed: lax against the measured network",
+      description="Train the char transformer data-parallel on --ranks testbed hosts at --rate "
+                  "with lax.pmean, with jaxcc.all_reduce inside MeasuredNetwork.jit (no "
+                  "topology written) and with jaxcc planned on the true network (clairvoyant); "
+                  "--degrade RANK:FRACTION@STEP drops a host's link mid-run. Prints per method "
+                  "the step time before the fault, just after it and after the re-plan.")
+  p.add_argument("--ranks", type=int, default=8, help="hosts (default 8)")
+  p.add_argument("--rate", default="200mbit", help="link rate of every host (default 200mbit)")
+  p.add_argument("--degrade", type=_parse_degrade, metavar="RANK:FRACTION@STEP",
+                 help="drop host RANK's link to FRACTION of its rate as step STEP starts")
+  p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
+  p.add_argument("--width", type=int, default=256, help="model width (default 256)")
+  p.add_argument("--batch", type=int, default=2, help="windows per host and step (default 2)")
+  p.add_argument("--methods", default="lax,jaxcc,clairvoyant",
+                 help="comma-separated: lax, jaxcc, clairvoyant, jaxcc-auto (codec='auto'), "
+                      "local (no sync) (default lax,jaxcc,clairvoyant)")
+  p.add_argument("--clusters", type=parse_clusters, metavar="SIZES",
+                 help="cluster sizes along the ranks, e.g. 4,4")
+  p.add_argument("--inter-rate", help="with --clusters: each host's rate across clusters")
+  p.add_argument("--grad-dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="the dtype the gradients move in (default float32)")
+  p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+  p.add_argument("--plot", type=_plot_path, metavar="PATH",
+                 help="write a PNG of step time against step")
+  p.add_argument("--testbed", action="store_true", help="accepted: it always runs there")
+  p.set_defaults(command=_bench_train)
 
   p = benches.add_parser(
       "probe", help="jaxcc.probe_topology on the testbed against the configured network",

@@ -69,17 +69,6 @@ def test_clusters_apart_along_the_axis_are_refused():
     probe.topology_from_rates(rates)
 
 
-@pytest.mark.parametrize("p", [2, 3, 8])
-def test_matchings_cover_every_pair_once_with_each_rank_in_one_role(p):
-  rounds = probe.matchings(np.ones((p, p)) - np.eye(p))
-  pairs = [pair for r in rounds for pair in r]
-  assert sorted(pairs) == [(i, j) for i in range(p) for j in range(p) if i != j]
-  for r in rounds:
-    ranks = [x for pair in r for x in pair]
-    assert len(ranks) == len(set(ranks))
-  assert len(rounds) <= 2 * p
-
-
 def test_bad_arguments_fail_with_the_argument_named():
   mesh = jax.make_mesh((8,), ("x",))
   with pytest.raises(ValueError, match="axis_name must name an axis"):

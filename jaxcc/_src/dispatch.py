@@ -26,7 +26,9 @@ How the choice is made (``choose``): ``algorithm="lax"`` is XLA;
 ``executor="xla"`` is TWIN; an explicit algorithm runs on the native engine
 where one runs (else TWIN, or an error with ``executor="native"``); and
 ``algorithm="auto"`` is priced: the native engine where its cost model
-(``costs``) says it beats XLA's collective at this size, else XLA. Algorithms
+(``costs``) says it beats XLA's collective at this size, or where a measured
+network's slowest port bounds the collective (``costs.network_bound``), else
+XLA. Algorithms
 never choose engines; engines never choose algorithms.
 """
 
@@ -242,7 +244,8 @@ def _native_pays(collective: str, engine: Engine, params: dict, nbytes: int) -> 
     ports += tuple(b for b in topology.inter_send_bandwidth + topology.inter_recv_bandwidth if b)
   equal_ports = len(set(ports)) == 1
   if engine is Engine.TCP:
-    return not equal_ports or costs.tcp_beats_xla(collective, nbytes)
+    return (not equal_ports or costs.tcp_beats_xla(collective, nbytes)
+            or params.get("measured", False) and costs.network_bound(min(ports)))
   # NCCL: XLA's NCCL ring is as good as any schedule on equal ports; a schedule that
   # planner.price prices clearly below the ring pays for the native transport.
   if equal_ports or collective == "ppermute":

@@ -7,15 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcc import codec as codec_lib
+from jaxcc.codec import choice
 from jaxcc._src import compat
 from jaxcc._src.reduce import REDUCIBLE_DTYPES
 from jaxcc.collectives._buckets import DEFAULT_BUCKET_BYTES
+from jaxcc.network import active
 from jaxcc import planner
 from jaxcc.topology import Topology
 
 EXECUTORS = ("auto", "native", "xla")
-# What `codec=` takes on a collective: None (raw pieces) or a codec that moves encoded bytes.
-WIRE_CODECS = (None, "fixed", "entropy")
+# What `codec=` takes on a collective: None (raw pieces), a codec that moves encoded bytes, or
+# "auto" (jaxcc.codec.choice: per dtype, where coding pays on the topology's slowest port).
+WIRE_CODECS = (None, "fixed", "entropy", "auto")
 REDUCE_OPS = ("sum", "mean", "max", "min")
 # The network assumed when no topology is given: uniform 25 GB/s ports (a 200 Gb/s NIC).
 DEFAULT_BANDWIDTH = 25e9
@@ -52,26 +55,30 @@ def check_axis(api: str, axis_name, executor: str, codec) -> dict:
 def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
             topology: Topology | None, codec) -> dict:
   """Validate the arguments of a planned collective; return ``check_axis``'s params plus the
-  algorithm, executor, codec and topology to plan on."""
+  algorithm, executor, codec and topology to plan on, and ``measured``: whether the topology is
+  a measured network's."""
   params = check_axis(api, axis_name, executor, codec)
   size = params["axis_size"]
   if not isinstance(algorithm, str):
     raise TypeError(f"{api}: algorithm must be a str, got {algorithm!r}")
   if algorithm != "lax":
     planner.check_algorithm(collective, algorithm, api)
-  elif codec is not None:
+  elif codec not in (None, "auto"):
     raise ValueError(f"{api}: algorithm='lax' is XLA's own collective, which cannot move "
                      f"encoded bytes; use codec=None with it, or another algorithm with "
                      f"codec={codec!r}")
-  if topology is None:
-    topology = default_topology(params["axes"])
+  measured = None
+  if topology is None:  # a measured network's (MeasuredNetwork.jit), else uniform ports
+    measured = active.topology(axis_name)
+    topology = default_topology(params["axes"]) if measured is None else measured
   elif not isinstance(topology, Topology):
     raise TypeError(f"{api}: topology must be a jaxcc.Topology or None, got "
                     f"{type(topology).__name__}")
   elif topology.size != size:
     raise ValueError(f"{api}: topology has {topology.size} ranks but axis {axis_name!r} has "
                      f"{size}; build the topology for {size} ranks")
-  return dict(params, algorithm=algorithm, executor=executor, topology=topology, codec=codec)
+  return dict(params, algorithm=algorithm, executor=executor, topology=topology, codec=codec,
+              measured=measured is not None)
 
 
 def default_topology(axes) -> Topology:
@@ -106,10 +113,23 @@ def check_op(api: str, op) -> str:
 
 
 def check_codec(api: str, codec, dtype) -> None:
-  """A codec compresses bf16, f16 and f32 only: a TypeError naming the fix for other dtypes."""
-  if codec is not None and np.dtype(dtype) not in codec_lib.CODEC_DTYPES:
+  """A codec compresses bf16, f16 and f32 only: a TypeError naming the fix for other dtypes
+  ("auto" leaves them raw)."""
+  if codec not in (None, "auto") and np.dtype(dtype) not in codec_lib.CODEC_DTYPES:
     raise TypeError(f"{api}: codec={codec!r} cannot take {np.dtype(dtype).name}; codecs take "
                     f"{', '.join(d.name for d in codec_lib.CODEC_DTYPES)}; use codec=None")
+
+
+def wire_codecs(params: dict, dtypes) -> tuple[dict, object]:
+  """The codec of each dtype's bucket (``codec="auto"``: ``jaxcc.codec.auto_choice`` on the
+  call's topology; raw with algorithm "lax") and the call's (the first coded one, or None)."""
+  codec = params["codec"]
+  if codec != "auto":
+    return {d: codec for d in dtypes}, codec
+  lax_only = params.get("algorithm") == "lax"
+  codecs = {d: None if lax_only else choice.auto_choice(d, params["topology"])[0]
+            for d in dtypes}
+  return codecs, next((c for c in codecs.values() if c is not None), None)
 
 
 def check_reducible(api: str, dtype) -> None:

@@ -38,9 +38,11 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
     tiled: concatenate (True) or stack (False).
     algorithm: "auto", "lax", "ring" or "direct".
     executor: "auto", "xla" or "native".
-    topology: the network of the axis' ranks; uniform ports if None.
-    codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
-      "lax"): lossless compression of every piece on the wire; the result is
+    topology: the network of the axis' ranks; if None, the measured network's
+      inside ``jaxcc.network.MeasuredNetwork.jit``, else uniform ports.
+    codec: None, "fixed", "entropy" (bf16, f16 and f32 only; not with
+      "lax") or "auto" (coded where it pays, ``jaxcc.codec.auto_choice``):
+      lossless compression of every piece on the wire; the result is
       the one ``codec=None`` gives, bit for bit. See ``jaxcc.all_reduce``.
     bucket_bytes: the largest bucket of a pytree (default 25 MiB).
   """
@@ -57,11 +59,13 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
   route_nbytes = params["axis_size"] * _buckets.nbytes(leaves)
-  ordered = dispatch.needs_order(_API, "all_gather", params, route_nbytes)
+  codecs, call_codec = _args.wire_codecs(params, {v.dtype for v in leaves})
+  ordered = dispatch.needs_order(_API, "all_gather", dict(params, codec=call_codec), route_nbytes)
   for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
     operands = [leaves[i] for i in bucket]
     results = all_gather_p.bind(*operands, gather_dimension=dims[bucket[0]], tiled=bool(tiled),
-                                ordered=ordered, route_nbytes=route_nbytes, **params)
+                                ordered=ordered, route_nbytes=route_nbytes,
+                                **dict(params, codec=codecs[operands[0].dtype]))
     for i, r in zip(bucket, results):
       out[i] = r
   return jax.tree.unflatten(tree, out)

@@ -45,10 +45,13 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
       ``topology`` priced cheapest by ``jaxcc.planner.price``), "lax" (XLA's own all-reduce), "ring",
       "direct", "optcc" or "r2ccl".
     executor: "auto", "xla" (schedules run on XLA collectives) or "native".
-    topology: the network of the axis' ranks; uniform ports if None.
-    codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
-      "lax"): lossless compression of every piece on the wire, so the result
-      is the one ``codec=None`` gives, bit for bit. "entropy" sends the real
+    topology: the network of the axis' ranks; if None, the measured network's
+      inside ``jaxcc.network.MeasuredNetwork.jit``, else uniform ports.
+    codec: None, "fixed", "entropy" (bf16, f16 and f32 only; not with
+      "lax") or "auto" (``jaxcc.codec.auto_choice``: "entropy" for a dtype
+      where coding pays on the topology's slowest port, else raw): lossless
+      compression of every piece on the wire, so the result is the one
+      ``codec=None`` gives, bit for bit. "entropy" sends the real
       encoded size (about 0.67 of raw bf16 weights) with the native executor;
       the XLA executor moves static sizes: "fixed" about 0.77 of raw bf16,
       "entropy" raw plus headers (see ``jaxcc.codec``).
@@ -73,11 +76,14 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
   route_nbytes = _buckets.nbytes(leaves)
-  ordered = dispatch.needs_order(_API, "all_reduce", params, route_nbytes, reduce_op)
+  codecs, call_codec = _args.wire_codecs(params, {v.dtype for v in leaves})
+  ordered = dispatch.needs_order(_API, "all_reduce", dict(params, codec=call_codec),
+                                 route_nbytes, reduce_op)
   for bucket in _buckets.buckets(leaves, bucket_bytes):
     operands = [leaves[i] for i in bucket]
     results = all_reduce_p.bind(*operands, op=reduce_op, invariant_out=compat.check_vma(),
-                                ordered=ordered, route_nbytes=route_nbytes, **params)
+                                ordered=ordered, route_nbytes=route_nbytes,
+                                **dict(params, codec=codecs[operands[0].dtype]))
     for i, r in zip(bucket, results):
       out[i] = r / params["axis_size"] if op == "mean" else r
   return jax.tree.unflatten(tree, out)

@@ -34,9 +34,11 @@ def broadcast(x, axis_name, *, root: int = 0, algorithm: str = "auto", executor:
     root: the source rank.
     algorithm: "auto", "lax", "ring" or "direct".
     executor: "auto", "xla" or "native".
-    topology: the network of the axis' ranks; uniform ports if None.
-    codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
-      "lax"): lossless compression of every piece on the wire; the result is
+    topology: the network of the axis' ranks; if None, the measured network's
+      inside ``jaxcc.network.MeasuredNetwork.jit``, else uniform ports.
+    codec: None, "fixed", "entropy" (bf16, f16 and f32 only; not with
+      "lax") or "auto" (coded where it pays, ``jaxcc.codec.auto_choice``):
+      lossless compression of every piece on the wire; the result is
       the one ``codec=None`` gives, bit for bit. See ``jaxcc.all_reduce``.
   """
   params = _args.resolve(_API, "broadcast", axis_name, algorithm, executor, topology, codec)
@@ -48,9 +50,11 @@ def broadcast(x, axis_name, *, root: int = 0, algorithm: str = "auto", executor:
     v = _args.as_array(_API, v)
     _args.check_codec(_API, codec, v.dtype)
     v = compat.make_varying(v, axis_name)
-    ordered = dispatch.needs_order(_API, "broadcast", params, _buckets.nbytes([v]))
+    _, codec_v = _args.wire_codecs(params, {v.dtype})
+    here = dict(params, codec=codec_v)
+    ordered = dispatch.needs_order(_API, "broadcast", here, _buckets.nbytes([v]))
     out, = broadcast_p.bind(v, root=root, invariant_out=compat.check_vma(), ordered=ordered,
-                            **params)
+                            **here)
     return out
 
   return jax.tree.map(one, x)

@@ -10,6 +10,7 @@ from jaxcc._src import compat, dispatch, encoded_ppermute, local_executor
 from jaxcc._src.bits import as_bits
 from jaxcc._src.buffers import block_buffer
 from jaxcc.collectives import _args, _buckets
+from jaxcc.network import active
 from jaxcc.schedules.ir import check_perm
 from jaxcc.topology import Topology
 
@@ -42,7 +43,8 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
       one, so that pieces move over TCP at their encoded size; otherwise
       ``lax.ppermute``, which measured faster within a process and over gloo),
       "xla" or "native".
-    codec: None, "fixed" or "entropy" (bf16, f16 and f32 only): lossless
+    codec: None, "fixed", "entropy" (bf16, f16 and f32 only) or "auto"
+      (coded where it pays on the measured network, ``jaxcc.codec.auto_choice``): lossless
       compression on the wire; the result is the one ``codec=None`` gives,
       bit for bit.
   """
@@ -53,16 +55,20 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
   if order is not None:
     rank_of = {n: r for r, n in enumerate(order)}
     perm = tuple((rank_of[s], rank_of[d]) for s, d in perm)
-  # The native executor's TCP pacing and pipeline depth plan on uniform ports.
+  # The native executor's TCP pacing and pipeline depth plan on uniform ports; "auto" codes on
+  # the measured network where one is active.
   topology = Topology.uniform(size, _args.DEFAULT_BANDWIDTH)
+  measured = active.topology(axis_name)
 
   def one(v):
     v = _args.as_array(_API, v)
     _args.check_codec(_API, codec, v.dtype)
     v = compat.make_varying(v, axis_name)
-    ordered = dispatch.needs_order(_API, "ppermute", dict(params, executor=executor, codec=codec,
-                                                          topology=topology), _buckets.nbytes([v]))
-    out, = ppermute_p.bind(v, perm=perm, executor=executor, codec=codec, topology=topology,
+    _, codec_v = _args.wire_codecs({"codec": codec, "topology": measured or topology}, {v.dtype})
+    ordered = dispatch.needs_order(_API, "ppermute", dict(params, executor=executor,
+                                                          codec=codec_v, topology=topology),
+                                   _buckets.nbytes([v]))
+    out, = ppermute_p.bind(v, perm=perm, executor=executor, codec=codec_v, topology=topology,
                            ordered=ordered, **params)
     return out
 

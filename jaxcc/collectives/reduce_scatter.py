@@ -42,9 +42,11 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
     op: "sum", "mean", "max" or "min".
     algorithm: "auto", "lax", "ring" or "direct".
     executor: "auto", "xla" or "native".
-    topology: the network of the axis' ranks; uniform ports if None.
-    codec: None, "fixed" or "entropy" (bf16, f16 and f32 only; not with
-      "lax"): lossless compression of every piece on the wire; the result is
+    topology: the network of the axis' ranks; if None, the measured network's
+      inside ``jaxcc.network.MeasuredNetwork.jit``, else uniform ports.
+    codec: None, "fixed", "entropy" (bf16, f16 and f32 only; not with
+      "lax") or "auto" (coded where it pays, ``jaxcc.codec.auto_choice``):
+      lossless compression of every piece on the wire; the result is
       the one ``codec=None`` gives, bit for bit. See ``jaxcc.all_reduce``.
     bucket_bytes: the largest bucket of a pytree (default 25 MiB).
   """
@@ -71,12 +73,15 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
   route_nbytes = _buckets.nbytes(leaves)
-  ordered = dispatch.needs_order(_API, "reduce_scatter", params, route_nbytes, reduce_op)
+  codecs, call_codec = _args.wire_codecs(params, {v.dtype for v in leaves})
+  ordered = dispatch.needs_order(_API, "reduce_scatter", dict(params, codec=call_codec),
+                                 route_nbytes, reduce_op)
   for bucket in _buckets.buckets(leaves, bucket_bytes, keys):
     operands = [leaves[i] for i in bucket]
     results = reduce_scatter_p.bind(*operands, scatter_dimension=dims[bucket[0]],
                                     tiled=bool(tiled), op=reduce_op, ordered=ordered,
-                                    route_nbytes=route_nbytes, **params)
+                                    route_nbytes=route_nbytes,
+                                    **dict(params, codec=codecs[operands[0].dtype]))
     for i, r in zip(bucket, results):
       out[i] = r / size if op == "mean" else r
   return jax.tree.unflatten(tree, out)

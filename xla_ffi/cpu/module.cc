@@ -143,6 +143,20 @@ NB_MODULE(_jaxcc_cpu, m) {
         Raise(err);
       },
       nb::arg("timeout_s"), "Waits until every queued frame has been written (before an exit).");
+  m.def(
+      "tcp_records",
+      [](uint64_t since) {
+        std::vector<jaxcc::FrameRecord> records;
+        const uint64_t next = jaxcc::TcpRecords(since, &records);
+        return std::make_pair(next, nb::bytes(reinterpret_cast<const char*>(records.data()),
+                                              records.size() * sizeof(jaxcc::FrameRecord)));
+      },
+      nb::arg("since"),
+      "The frames the Tcp transport timed since the `since`-th, as (next since, packed records: "
+      "peer i32, direction i32 (0 received, 1 sent), op id i64, instance i64, first ns i64, "
+      "last ns i64, bytes u64; CLOCK_REALTIME, received frames by the kernel's stamps).");
+  m.def("tcp_unpace", &jaxcc::TcpUnpace,
+        "Clears every connection's pacing (the next paced call sets its rates again).");
   m.def("tcp_blocked_ns", &jaxcc::TcpBlockedNs,
         "Nanoseconds this process' calls spent blocked on the network (Tcp collectives and "
         "gossip exchange waits).");

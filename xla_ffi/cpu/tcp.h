@@ -81,6 +81,35 @@ std::string TcpSendBytes(int q, int64_t tag, const std::string& data);
 std::string TcpRecvBytes(int q, int64_t tag, uint64_t max_bytes,
                          std::chrono::milliseconds timeout, std::string* out);
 
+// A frame as the progress thread moved it: what the measured network
+// (jaxcc.network) reads. Times are CLOCK_REALTIME ns. A received frame runs
+// from the kernel's receive timestamp (SO_TIMESTAMPING, software) of the
+// data that brought its first header byte to that of the data that brought
+// its last byte, so a read the thread made late keeps its data's time (the
+// time of the read where the kernel stamps nothing). A sent frame runs from
+// the write of its first byte into the socket to the write of its last.
+// `bytes` counts header, payload and MAC.
+struct FrameRecord {
+  int32_t peer;       // the other process
+  int32_t direction;  // kFrameReceived or kFrameSent
+  int64_t op_id;      // the call site's op id, or -1 for a host message
+  int64_t instance;   // the call's instance, or the host message's tag
+  int64_t first_ns, last_ns;
+  uint64_t bytes;
+};
+static_assert(sizeof(FrameRecord) == 48, "FrameRecord must have no padding");
+constexpr int32_t kFrameReceived = 0;
+constexpr int32_t kFrameSent = 1;
+
+// The frames timed since the `since`-th (counting from the engine's start),
+// oldest first: those still in the ring of the newest 65,536. Returns the
+// count of frames timed so far (the next call's `since`); 0 before TcpStart.
+uint64_t TcpRecords(uint64_t since, std::vector<FrameRecord>* out);
+
+// Clears the pacing of every connection (the native probe measures the
+// links' own rates); the next paced call sets its rates again.
+void TcpUnpace();
+
 // Waits up to `timeout` until every frame queued for a connection that is up
 // has been written (a process about to exit); fails naming a process whose
 // queue did not drain.

@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/errqueue.h>
+#include <linux/net_tstamp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -77,6 +79,42 @@ void StartMac(HmacSha256& mac, uint64_t number, const WireHeader& h) {
   mac.Update(&h, kHead);
 }
 
+// The records' clock: CLOCK_REALTIME, the clock of the kernel's receive timestamps.
+int64_t NowNs() {
+  timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
+
+// Asks the kernel to stamp received data (best effort: without it reads are timed as they run).
+void StampReceives(int fd) {
+  const int flags = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
+  setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof(flags));
+}
+
+// recv that also returns when the last skb it read reached the socket (the kernel's software
+// timestamp; the time of the call where the kernel gives none): a late read keeps its data's time.
+ssize_t RecvStamped(int fd, char* into, size_t want, int64_t* stamp_ns) {
+  iovec iov{into, want};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(scm_timestamping))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT);
+  *stamp_ns = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPING) {
+      scm_timestamping ts;
+      std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+      *stamp_ns = int64_t{ts.ts[0].tv_sec} * 1000000000 + ts.ts[0].tv_nsec;
+    }
+  }
+  if (n > 0 && *stamp_ns == 0) *stamp_ns = NowNs();
+  return n;
+}
+
 std::mutex g_start_mu;
 std::atomic<Engine*> g_engine{nullptr};
 
@@ -138,6 +176,17 @@ void Engine::Lose(int q, const std::string& why) {
   Purge(q);
   Wake();
   Notify();
+}
+
+void Engine::Record(int q, int32_t direction, const WireHeader& h, int64_t first_ns,
+                    int64_t last_ns, uint64_t bytes) {
+  const FrameRecord r{q, direction, h.op_id, h.instance, first_ns, last_ns, bytes};
+  if (records.size() < kRecordsKept) {
+    records.push_back(r);
+  } else {
+    records[records_total % kRecordsKept] = r;
+  }
+  ++records_total;
 }
 
 void Engine::Purge(int q) {
@@ -539,7 +588,8 @@ void Engine::Read(int q) {
       into = reinterpret_cast<char*>(c.trailer) + c.trailer_got;
       want = kMacBytes - c.trailer_got;
     }
-    const ssize_t n = recv(c.fd, into, want, MSG_DONTWAIT);
+    int64_t stamp_ns;
+    const ssize_t n = RecvStamped(c.fd, into, want, &stamp_ns);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n <= 0) {
       std::string why =
@@ -557,7 +607,9 @@ void Engine::Read(int q) {
       return;
     }
     budget -= std::min<size_t>(budget, static_cast<size_t>(n));
+    c.last_ns = stamp_ns;
     if (c.header_got < kHead) {
+      if (c.header_got == 0) c.first_ns = stamp_ns;
       c.header_got += static_cast<size_t>(n);
     } else if (c.payload_got < length) {
       if (integrity_) c.receive_mac.Update(into, static_cast<size_t>(n));
@@ -577,6 +629,8 @@ void Engine::Finish(int q) {
     verified = DigestsEqual(mac, c.trailer, kMacBytes);
   }
   std::lock_guard<std::mutex> lock(mu);
+  Record(q, kFrameReceived, c.header, c.first_ns, c.last_ns,
+         kHead + c.header.length + (integrity_ ? kMacBytes : 0));
   if (verified) {
     Deliver(q);
   } else {
@@ -657,6 +711,7 @@ void Engine::Write(int q) {
     const uint64_t framed = kHead + length;  // header and payload
     const uint64_t total = framed + (integrity_ ? kMacBytes : 0);
     if (integrity_ && item->done == 0) StartMac(c.send_mac, c.sent_frames++, item->header);
+    if (item->done == 0) item->first_ns = NowNs();
     iovec iov[2];
     int parts = 0;
     if (item->done < kHead) {
@@ -691,6 +746,7 @@ void Engine::Write(int q) {
     item->done += static_cast<uint64_t>(n);
     budget -= std::min<size_t>(budget, static_cast<size_t>(n));
     if (item->done == total) {
+      Record(q, kFrameSent, item->header, item->first_ns, NowNs(), total);
       if (item->written) ++*item->written;
       c.queue.pop_front();
       Notify();
@@ -717,6 +773,7 @@ std::string TcpStart(int process, const std::vector<int>& fds,
       return "fcntl(O_NONBLOCK) on the socket to process " + std::to_string(q) + ": " +
              tcp::Errno(errno);
     }
+    if (fds[q] >= 0) tcp::StampReceives(fds[q]);
   }
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd < 0) return "eventfd: " + tcp::Errno(errno);
@@ -737,6 +794,7 @@ std::string TcpRejoin(int q, int fd, const std::string& key) {
     return "fcntl(O_NONBLOCK) on the new socket to process " + std::to_string(q) + ": " +
            tcp::Errno(errno);
   }
+  tcp::StampReceives(fd);
   std::unique_lock<std::mutex> lock(e->mu);
   const uint64_t ticket = e->Rejoin(q, fd, key);
   // Returns once the progress thread uses the new connection: later calls send on it.
@@ -756,6 +814,26 @@ std::string TcpLost(int q) {
   }
   std::lock_guard<std::mutex> lock(e->mu);
   return e->conns[q].error;
+}
+
+uint64_t TcpRecords(uint64_t since, std::vector<FrameRecord>* out) {
+  tcp::Engine* e = tcp::Started();
+  out->clear();
+  if (!e) return 0;
+  std::lock_guard<std::mutex> lock(e->mu);
+  const uint64_t total = e->records_total;
+  const uint64_t kept = e->records.size();
+  for (uint64_t i = std::max(since, total - kept); i < total; ++i) {
+    out->push_back(e->records[i % tcp::kRecordsKept]);
+  }
+  return total;
+}
+
+void TcpUnpace() {
+  tcp::Engine* e = tcp::Started();
+  if (!e) return;
+  std::lock_guard<std::mutex> lock(e->mu);
+  for (size_t q = 0; q < e->conns.size(); ++q) e->SetPacing(static_cast<int>(q), tcp::kUnpaced);
 }
 
 int TcpProcess() {

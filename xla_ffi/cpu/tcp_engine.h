@@ -47,6 +47,7 @@ constexpr uint64_t kMaxAbortText = 1 << 16;
 constexpr uint64_t kPendingBytes = uint64_t{1} << 30;
 constexpr std::chrono::seconds kRejoinWait{30};  // TcpRejoin's wait for the progress thread
 constexpr int64_t kHostOp = -1;  // the op id of host messages (TcpSendBytes); call sites are > 0
+constexpr size_t kRecordsKept = size_t{1} << 16;  // frames timed (TcpRecords), the newest
 
 struct WireHeader {
   uint32_t magic;
@@ -105,6 +106,7 @@ struct SendItem {
   WireHeader header;
   const char* payload;
   uint64_t done = 0;                // bytes of header, payload and MAC written
+  int64_t first_ns = 0;             // when its first byte was written (CLOCK_REALTIME)
   uint8_t mac[kMacBytes];           // with integrity, once the payload is written
   std::unique_ptr<char[]> owned;    // the payload, once it no longer lives in a caller's buffer
   const void* owner = nullptr;      // the transport whose buffer holds the payload
@@ -123,6 +125,8 @@ struct Conn {
   // The progress thread's own state: the frame being received, the MACs.
   WireHeader header{};
   size_t header_got = 0;
+  int64_t first_ns = 0;   // when the frame's first byte came (tcp.h: FrameRecord)
+  int64_t last_ns = 0;    // when the latest bytes read came
   bool admitted = false;  // the header passed Admit: its payload is being read
   bool drain = false;     // the payload is read and dropped (a failed call's frame)
   bool pending = false;   // the frame is for a call not started here
@@ -174,6 +178,9 @@ class Engine {
   uint64_t Rejoin(int q, int fd, const std::string& key);
   // The frames from process q pending for calls not started here (mu held).
   std::string Stray(int q) const;
+  // Times a frame to or from process q (mu held).
+  void Record(int q, int32_t direction, const WireHeader& h, int64_t first_ns, int64_t last_ns,
+              uint64_t bytes);
   // Moves the event counter and wakes every waiter (mu held).
   void Notify() {
     ++events;
@@ -192,6 +199,8 @@ class Engine {
   std::map<CallKey, std::string> aborts;
   std::map<std::tuple<int64_t, int64_t, int>, int64_t> instances;
   uint64_t rejoined = 0;  // new connections in use
+  std::vector<FrameRecord> records;  // a ring of the newest kRecordsKept frames
+  uint64_t records_total = 0;        // frames timed since the engine started
 
  private:
   void Read(int q);

@@ -1,0 +1,183 @@
+"""The native probe: every ordered pair of processes timed on jaxcc's TCP transport, no JAX program.
+
+Rounds ``k = 1 .. p - 1``: process ``i`` sends to ``i + k`` and receives from
+``i - k`` (mod ``p``), so each send port and each receive port carries one
+flow (ports are full duplex). Each round:
+
+1. A handshake keeps the ports quiet: ``i`` waits until its last round's
+   receiver has its bytes and its next receiver has finished its own last
+   round (host messages ``done`` and ``ready``).
+2. Latency: ``pings`` one-byte ping-pongs with the receiver; the pair's
+   one-way time is half the shortest round trip.
+3. Rate: a settle message (``settle_bytes``: a token bucket's burst and TCP's
+   start) and straight after it a timed one on the same connection; the
+   receiver's transport times both by the kernel's receive stamps
+   (``host.FrameLog``), and the rate is the timed frame's bytes over the time
+   between the two frames' last bytes.
+
+A first pass sends ``first_bytes`` per pair; pairs whose timed frame took
+under ``seconds / 2`` are timed again with about ``seconds`` of their first rate
+(at most 64 times ``first_bytes``). The rates are gathered to every process
+(``host.allgather``). Bytes sent per process: ``(p - 1) (settle_bytes +
+first_bytes)`` plus ``settle_bytes + rate * seconds`` per short pair in the
+second pass, and small handshakes. A shaper's release is clumpy over
+milliseconds: ``seconds`` of 0.08 times a pair within 1-2%. On 8 testbed hosts: see ``jaxcc bench
+probe``.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxcc._src import config, ffi
+from jaxcc.network import host
+
+_GROWTH = 64  # the second pass sends at most this many times first_bytes per pair
+_TOKEN = b"\0"
+
+
+class Measurement(NamedTuple):
+  """What a probe measured, the same on every process.
+
+  Attributes:
+    rates: ``[src, dst]`` bytes/s (NaN on the diagonal).
+    one_way: ``[src, dst]`` seconds, half the shortest round trip (NaN on
+      the diagonal, or where ``pings`` was 0).
+    seconds: the probe's wall time on this process.
+  """
+  rates: np.ndarray
+  one_way: np.ndarray
+  seconds: float
+
+
+def probe(*, settle_bytes: int = 512 << 10, first_bytes: int = 128 << 10,
+          seconds: float = 0.08, pings: int = 3, timeout_s: float | None = None) -> Measurement:
+  """Time every ordered pair of the job's processes (every process must call it).
+
+  Args:
+    settle_bytes: bytes sent before each timed message, left out of its time.
+    first_bytes: timed bytes per pair in the first pass.
+    seconds: the time a pair's timed messages should take; shorter ones are
+      timed again, sized by their first rate.
+    pings: round trips per pair for its latency (0: none).
+    timeout_s: the limit of each wait (default ``JAXCC_TIMEOUT_S``).
+
+  Raises:
+    ValueError: an argument out of range.
+    RuntimeError: a process did not answer in time or its connection was lost.
+  """
+  if settle_bytes < 1 or first_bytes < 1 or not seconds > 0 or pings < 0:
+    raise ValueError("jaxcc.network.probe: settle_bytes and first_bytes must be >= 1, seconds "
+                     f"> 0 and pings >= 0; got {settle_bytes}, {first_bytes}, {seconds}, {pings}")
+  me, p = host.start()
+  timeout_s = config.timeout_s() if timeout_s is None else timeout_s
+  start = host.now_ns()
+  cpu = ffi.load().cpu
+  cpu.tcp_unpace()
+  sizes = np.full((p, p), first_bytes, np.int64)
+  np.fill_diagonal(sizes, 0)
+  rates, one_way = _rounds(me, p, sizes, settle_bytes, pings, timeout_s)
+  rates, one_way = _gather(rates, one_way, me)
+  short = (sizes > 0) & ~(sizes / rates >= seconds / 2)
+  if short.any():
+    sizes = np.where(short, np.clip(np.nan_to_num(rates) * seconds, first_bytes,
+                                    _GROWTH * first_bytes), 0).astype(np.int64)
+    again, _ = _rounds(me, p, sizes, settle_bytes, 0, timeout_s)
+    again, _ = _gather(again, np.full(p, np.nan), me)
+    rates = np.where(short, again, rates)
+  return Measurement(rates, one_way, (host.now_ns() - start) / 1e9)
+
+
+def _rounds(me: int, p: int, sizes: np.ndarray, settle_bytes: int, pings: int,
+            timeout_s: float, shifts: tuple[int, ...] | None = None
+            ) -> tuple[np.ndarray, np.ndarray]:
+  """This process' receive rates ``[src]`` and one-way times ``[dst]`` over the rounds of
+  ``shifts`` (default every shift ``1 .. p - 1``)."""
+  shifts = tuple(range(1, p)) if shifts is None else shifts
+  cpu = ffi.load().cpu
+  log = host.FrameLog()
+  rates = np.full(p, np.nan)
+  one_way = np.full(p, np.nan)
+  per_round = 4 + 2 * pings
+  first = host.Tags.take(per_round * len(shifts))
+  records = []
+  last_dst = None  # the receiver of this process' last round with data
+
+  def recv(q, tag, size=1):
+    return cpu.tcp_recv_bytes(q, tag, size, timeout_s)
+
+  for i, k in enumerate(shifts):
+    dst, src = (me + k) % p, (me - k) % p
+    ready, done, ping, pong, settle, timed = _round_tags(first + i * per_round, pings)
+    if last_dst is not None:  # the last receiver has every byte this process sent it
+      recv(last_dst, done - per_round)
+    cpu.tcp_send_bytes(src, ready, _TOKEN)
+    recv(dst, ready)
+    for r in range(pings):
+      began = host.now_ns()
+      cpu.tcp_send_bytes(dst, ping + r, _TOKEN)
+      recv(src, ping + r)
+      cpu.tcp_send_bytes(src, pong + r, _TOKEN)
+      recv(dst, pong + r)
+      one_way[dst] = np.fmin(one_way[dst], (host.now_ns() - began) / 2e9)
+    last_dst = None
+    if sizes[me, dst]:  # built first, then queued back to back: no gap between the frames
+      payload = bytes(int(sizes[me, dst]))
+      cpu.tcp_send_bytes(dst, settle, bytes(settle_bytes))
+      cpu.tcp_send_bytes(dst, timed, payload)
+      last_dst = dst
+    if sizes[src, me]:
+      recv(src, settle, settle_bytes)
+      recv(src, timed, int(sizes[src, me]))
+      cpu.tcp_send_bytes(src, done, _TOKEN)
+      records.append(log.read())
+      rates[src] = _rate(np.concatenate(records), src, settle, timed)
+  if last_dst is not None:
+    recv(last_dst, _round_tags(first + (len(shifts) - 1) * per_round, pings)[1])
+  return rates, one_way
+
+
+def spot_check(expected: np.ndarray, shifts: tuple[int, ...], *, settle_bytes: int = 512 << 10,
+               seconds: float = 0.08, timeout_s: float | None = None) -> np.ndarray:
+  """The rates of the pairs ``(i, i + k)`` for ``k`` in ``shifts``, sized by ``expected``
+  (``[src, dst]`` bytes/s: about ``seconds`` each, at least 128 KiB), gathered to every process;
+  NaN elsewhere. One pass, no pings, timed as ``probe`` times a pair: what a measured network
+  runs where no traffic showed."""
+  me, p = host.start()
+  timeout_s = config.timeout_s() if timeout_s is None else timeout_s
+  ffi.load().cpu.tcp_unpace()
+  on = np.zeros((p, p), bool)
+  for k in shifts:
+    on[np.arange(p), (np.arange(p) + k) % p] = True
+  sizes = np.where(on, np.maximum(np.nan_to_num(expected) * seconds, 128 << 10), 0).astype(
+      np.int64)
+  rates, _ = _rounds(me, p, sizes, settle_bytes, 0, timeout_s, shifts)
+  rates, _ = _gather(rates, np.full(p, np.nan), me)
+  return np.where(on, rates, np.nan)
+
+
+def _round_tags(base: int, pings: int) -> tuple[int, int, int, int, int, int]:
+  """ready, done, the first ping, the first pong, settle, timed."""
+  return base, base + 1, base + 2, base + 2 + pings, base + 2 + 2 * pings, base + 3 + 2 * pings
+
+
+def _rate(records: np.ndarray, src: int, settle: int, timed: int) -> float:
+  """The timed frame's bytes over the time from the settle frame's last byte to its own."""
+  mine = records[(records["direction"] == host.RECEIVED) & (records["op"] == host.HOST_OP) &
+                 (records["peer"] == src)]
+  ends = {int(r["instance"]): r for r in mine if r["instance"] in (settle, timed)}
+  if settle not in ends or timed not in ends:
+    return float("nan")  # the records ring overflowed meanwhile
+  gap = (int(ends[timed]["last_ns"]) - int(ends[settle]["last_ns"])) / 1e9
+  return float(ends[timed]["bytes"]) / gap if gap > 0 else float("nan")
+
+
+def _gather(rates: np.ndarray, one_way: np.ndarray, me: int) -> tuple[np.ndarray, np.ndarray]:
+  """Every process' column of rates (its receives) and row of one-way times, as matrices."""
+  p = len(rates)
+  rows = host.allgather(struct.pack(f"<{2 * p}d", *rates, *one_way))
+  got = np.array([struct.unpack(f"<{2 * p}d", r) for r in rows])  # [process, 2p]
+  return got[:, :p].T.copy(), got[:, p:].copy()

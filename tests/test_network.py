@@ -1,0 +1,57 @@
+"""jaxcc.network across processes: the native probe and a measured network on loopback, and a
+link changed by ``tc`` while a loop runs on the testbed (root or rootless; under CI it fails
+rather than skips)."""
+
+import json
+import os
+import tempfile
+import threading
+import time
+
+import pytest
+from testbed_helpers import require
+
+from jaxcc import launcher, testbed
+
+pytestmark = pytest.mark.multiprocess
+
+WORKER = os.path.join(os.path.dirname(__file__), "network_worker.py")
+
+
+def test_a_measured_loop_on_loopback_plans_on_its_probe_and_every_process_agrees():
+  out = [p.json() for p in launcher.launch(
+      WORKER, [json.dumps({"calls": 6, "fault": -1, "progress": ""})], nproc=3, timeout_s=300,
+      env={"JAXCC_TIMEOUT_S": "60"})]
+  events = out[0]["events"]
+  assert events[0][:2] == [0, "probe"], events
+  assert all(o["events"] == events and o["send_bandwidth"] == out[0]["send_bandwidth"]
+             for o in out)
+  assert all(b > 0 for b in out[0]["send_bandwidth"])
+
+
+def test_a_tc_change_is_found_within_a_few_calls_and_the_next_calls_use_the_new_plan():
+  require()
+  fault, calls = 4, 16
+  with testbed.Cluster(4, "200mbit") as cluster, tempfile.TemporaryDirectory() as tmp:
+    progress = os.path.join(tmp, "progress")
+    open(progress, "w").close()
+
+    def degrade():
+      deadline = time.monotonic() + 300
+      while time.monotonic() < deadline:
+        with open(progress) as f:
+          if f.read().strip():
+            cluster.set_rate(2, "100mbit")
+            return
+        time.sleep(0.02)
+
+    threading.Thread(target=degrade, daemon=True).start()
+    out = [p.json() for p in launcher.launch(
+        WORKER, [json.dumps({"calls": calls, "fault": fault, "progress": progress})],
+        cluster=cluster, timeout_s=300, env={"JAXCC_TIMEOUT_S": "60"})]
+  events = out[0]["events"]
+  changes = [step for step, kind, _ in events if kind == "change"]
+  assert changes and fault < changes[0] <= fault + 5, events
+  assert all(o["events"] == events for o in out)  # every process agreed, at the same call
+  send = out[0]["send_bandwidth"]
+  assert 0.4 < send[2] / send[0] < 0.6, send
