@@ -13,14 +13,16 @@ trace and a switch back none. After each call it observes:
 2. Where native collectives ran, ``estimate.PortChange`` compares the pair
    rates with those the current plan gave at its start; a port off by more
    than ``threshold`` for ``patience`` observations triggers a probe.
-3. Where no frames came (XLA's collective ran, or none), a spot check (the
-   pairs ``i -> i + 1``, and across clusters ``i -> i + p/2``, timed as the
-   probe times a pair) runs once the last one's duration over ``budget``
-   passed since the last measurement, so that checking costs about
-   ``budget`` of the run; a pair off the topology by more than ``threshold``
-   triggers a probe. On a network whose slowest port is under
-   ``costs.NETWORK_BOUND`` the collectives run natively (as fast as XLA's
-   there), so their own frames keep it current.
+3. A spot check (the pairs ``i -> i + 1``, and across clusters ``i -> i +
+   p/2``, unpaced, timed as the probe times a pair) runs once the last
+   one's duration over ``budget`` passed since the last check or probe, so
+   that checking costs about ``budget`` of the run; a pair off the topology
+   by more than ``threshold`` triggers a probe. It finds what frames cannot
+   show: a change while XLA's collective runs (no frames), and a port that
+   got faster (a paced plan does not show it). On a network whose slowest
+   port is under ``costs.NETWORK_BOUND`` the collectives run natively (as
+   fast as XLA's there), so their own frames keep it current between
+   checks.
 4. A probe (after the last call's results are ready, so that it times an
    idle network) gives the new topology; ports within ``threshold / 2`` of
    the current ones keep their values (no re-trace on noise), and at the
@@ -99,7 +101,7 @@ class MeasuredNetwork:
     self.topology = self._probe(None, "start")
     self._change = estimate.PortChange(self.topology.cluster, len(self._procs),
                                        threshold=threshold, patience=patience)
-    self._measured_at = time.monotonic()
+    self._checked_at = time.monotonic()  # the last spot check or probe ended
     self._spot_cost = 0.0
 
   def jit(self, fun: Callable, **jit_kwargs) -> Callable:
@@ -131,7 +133,7 @@ class MeasuredNetwork:
   def _observe(self) -> bool:
     self.steps += 1
     mine = estimate.received_rates(self._log.read(), self._nproc)
-    since = time.monotonic() - self._measured_at
+    since = time.monotonic() - self._checked_at
     rows = host.allgather(struct.pack(f"<{2 * self._nproc + 2}d", *mine.bytes, *mine.seconds,
                                       since, self._spot_cost))
     got = np.array([struct.unpack(f"<{2 * self._nproc + 2}d", r) for r in rows])
@@ -139,14 +141,11 @@ class MeasuredNetwork:
     rates = estimate.rate_matrix([estimate.Received(g[:n], g[n:2 * n]) for g in got])
     rates = rates[np.ix_(self._procs, self._procs)]
     since, spot_cost = got[:, -2].max(), got[:, -1].max()  # the same on every process
-    if not np.isnan(rates).all():
-      self._measured_at = time.monotonic()
-      changed = self._change.update(rates)
-      if changed:
-        level, port, rank, score = changed[0]
-        return self._reprobe(f"rank {rank}'s {level} {port} port at {score:.2f}x its rate "
-                             f"under the current plan")
-      return False
+    changed = self._change.update(rates)
+    if changed:
+      level, port, rank, score = changed[0]
+      return self._reprobe(f"rank {rank}'s {level} {port} port at {score:.2f}x its rate "
+                           f"under the current plan")
     if since < max(spot_cost, _SPOT_SECONDS) / self.budget:
       return False
     return self._spot_check()
@@ -163,7 +162,7 @@ class MeasuredNetwork:
                                     tuple(shifts))
     rates = rates[np.ix_(self._procs, self._procs)]
     self._spot_cost = time.monotonic() - start
-    self._measured_at = time.monotonic()
+    self._checked_at = time.monotonic()
     self.events.append(Event(self.steps, "spot", self._spot_cost, t))
     with np.errstate(invalid="ignore", divide="ignore"):
       off = np.abs(np.log(rates / expected)) > np.log1p(self.threshold)
@@ -176,7 +175,7 @@ class MeasuredNetwork:
   def _reprobe(self, why: str) -> bool:
     self._quiet()
     topology = self._probe(self.topology, why)
-    self._measured_at = time.monotonic()
+    self._checked_at = time.monotonic()
     self._change = estimate.PortChange(topology.cluster, len(self._procs),
                                        threshold=self.threshold, patience=self._patience)
     if topology == self.topology:
