@@ -42,7 +42,7 @@ NCCL_MARGIN = 0.95
 # Bytes/s below which a measured network's slowest port, not the CPU, bounds a TCP collective:
 # there the native engine moves what gloo moves, as fast or faster (8 testbed hosts at 200 Mbit/s,
 # the char transformer's 6.5 MB of gradients: native 1.41 s a step, gloo's psum 1.67 s), and its
-# own timings keep the measured network current with no spot check.
+# own timings keep the measured network current between spot checks.
 NETWORK_BOUND = 100e6
 
 

@@ -28,8 +28,7 @@ where one runs (else TWIN, or an error with ``executor="native"``); and
 ``algorithm="auto"`` is priced: the native engine where its cost model
 (``costs``) says it beats XLA's collective at this size, or where a measured
 network's slowest port bounds the collective (``costs.network_bound``), else
-XLA. Algorithms
-never choose engines; engines never choose algorithms.
+XLA. Algorithms never choose engines; engines never choose algorithms.
 """
 
 from __future__ import annotations

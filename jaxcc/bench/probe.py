@@ -12,7 +12,6 @@ configured topology.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 from collections.abc import Mapping, Sequence
