@@ -30,6 +30,7 @@ its own batch, averaged), ``events``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -63,7 +64,7 @@ def run(ranks: int = 8, *, rate: str = "200mbit", degrade: tuple[int, float, int
         cfg = {"method": method, "steps": steps, "width": width, "batch": batch,
                "progress": progress, "grad_dtype": grad_dtype,
                "fault": degrade[2] if degrade else -1,
-               "topologies": [_fields(healthy), _fields(faulty)]}
+               "topologies": [dataclasses.asdict(healthy), dataclasses.asdict(faulty)]}
         watcher = None
         if degrade:
           watcher = threading.Thread(target=_fault_at, daemon=True, args=(
@@ -97,11 +98,6 @@ def _fault_at(progress: str, step: int, cluster, rank: int, rate: float) -> None
         cluster.set_rate(rank, rate)
         return
     time.sleep(0.02)
-
-
-def _fields(topology) -> dict:
-  import dataclasses
-  return dataclasses.asdict(topology)
 
 
 def table(rows: list[dict]) -> str:

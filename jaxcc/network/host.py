@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import jax
@@ -53,14 +52,13 @@ class FrameLog:
 class Tags:
   """Consecutive host-message tags from ``TAG_BASE``; every process draws the same sequence."""
 
-  _counter = itertools.count()
+  _next = 0
 
   @classmethod
   def take(cls, n: int) -> int:
-    """The first of ``n`` fresh tags."""
-    first = next(cls._counter)
-    for _ in range(n - 1):
-      next(cls._counter)
+    """The first of ``n`` fresh tags (at least one is taken)."""
+    first = cls._next
+    cls._next += max(n, 1)
     return TAG_BASE + first
 
 
