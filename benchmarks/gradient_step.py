@@ -57,7 +57,8 @@ def measure(models, repeats: int) -> list[dict]:
 
       def step_with(sync):
         def step(p, s, w):
-          grads = jax.grad(char.loss_fn)(p, w[0])
+          # each worker's own gradient (jax would sum that of the replicated p itself)
+          grads = jax.grad(char.loss_fn)(lax.pcast(p, "x", to="varying"), w[0])
           updates, s = opt.update(sync(grads), s, p)
           return optax.apply_updates(p, updates), s
         spec = jax.tree.map(lambda _: P(), params)

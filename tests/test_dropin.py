@@ -4,6 +4,7 @@ Every case is compared with its lax twin on fresh random inputs: bit for bit
 for integers, copies, max and min; within reassociation for float sums.
 """
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -111,6 +112,43 @@ def test_pytree_gradient_equals_lax(executor):
   theirs = run(grads(lambda g: lax.pmean(g, "x")), mesh, params, spec, spec)
   for g, w in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
     assert_close(g, w, jnp.float32)
+
+
+@pytest.mark.parametrize("executor", ["xla", "native"])
+def test_invariant_input_sends_nothing_and_equals_lax(executor):
+  """A leaf already the same on every rank (the gradient of a replicated parameter, which jax
+  sums itself) reduces locally as psum does: equal to lax, no collective of jaxcc's in the
+  program, one warning that says how to let jaxcc sum such gradients."""
+  p = 4
+  mesh = jax.make_mesh((p,), ("x",), devices=jax.devices()[:p])
+  rng = rng_for(2)
+  params = {"w": random_array(rng, (3, 5), jnp.float32),
+            "n": random_array(rng, (7,), jnp.int32)}
+  batch = random_array(rng, (p * 2, 5), jnp.float32)
+
+  def step(sync):
+    def body(params, b):
+      g = jax.grad(lambda w: jnp.sum(jnp.sin(b @ w.T)))(params["w"])  # invariant: jax summed it
+      return sync({"w": g, "n": params["n"]}), sync(b)  # b varies: it is sent
+    specs = ({"w": P(), "n": P()}, P("x"))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=(specs[0], P())))
+
+  args = (params, jax.device_put(batch, NamedSharding(mesh, P("x"))))
+  for op, lax_op in [("sum", lax.psum), ("mean", lax.pmean), ("max", lax.pmax)]:
+    algorithm = "auto" if op == "max" else "ring"
+    ours = step(lambda t, op=op, a=algorithm: jaxcc.all_reduce(t, "x", op=op, executor=executor,
+                                                               algorithm=a))
+    with pytest.warns(UserWarning, match="pcast") if op != "max" else contextlib.nullcontext():
+      got = ours(*args)
+    want = step(lambda t, lax_op=lax_op: lax_op(t, "x"))(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      assert_close(g, w, g.dtype)
+  with pytest.warns(UserWarning, match="pcast"):
+    hlo = jax.jit(jax.shard_map(lambda w: jaxcc.all_reduce(w, "x", executor=executor,
+                                                          algorithm="ring"),
+                                mesh=mesh, in_specs=P(), out_specs=P())).lower(
+        params["w"]).compile().as_text()
+  assert "custom-call" not in hlo and "collective-permute" not in hlo and "all-reduce" not in hlo
 
 
 def test_buckets_group_by_dtype_and_size():

@@ -123,6 +123,12 @@ def with_varying_axes(aval, axes: frozenset):
   return aval.update(vma=frozenset(axes))
 
 
+def invariant_along(x, axis_name) -> bool:
+  """Whether type checking knows ``x`` to be the same on every rank of ``axis_name``."""
+  return check_vma() and not set(axis_names(axis_name, "invariant_along")) & varying_axes(
+      jax.typeof(x))
+
+
 def make_varying(x, axis_name):
   """``x`` cast to vary along every axis of ``axis_name`` if type checking tracks it."""
   if not check_vma():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -12,6 +14,12 @@ from jaxcc.topology import Topology
 
 _API = "jaxcc.all_reduce"
 _LAX = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
+_INVARIANT_SUM = (
+    "jaxcc.all_reduce: a float input is already the same on every rank of {axis_name!r} "
+    "(invariant), so its sum is p * x with nothing sent. A gradient with respect to a "
+    "replicated parameter is invariant because jax summed it already, over XLA's all-reduce; "
+    "for jaxcc to sum it, differentiate with respect to "
+    "jax.lax.pcast(params, {axis_name!r}, to='varying').")
 
 
 def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
@@ -69,23 +77,35 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   for v in leaves:
     _args.check_reducible(_API, v.dtype)
     _args.check_codec(_API, codec, v.dtype)
-  # An invariant x sums to p * x, as with psum.
-  leaves = [compat.make_varying(v, axis_name) for v in leaves]
   out = [None] * len(leaves)
   reduce_op = "sum" if op == "mean" else op
+  # A leaf the same on every rank reduces with no communication (XLA's all-reduce simplifier
+  # does the same for psum): p * x for a sum, x for max and min.
+  invariant = [i for i, v in enumerate(leaves) if compat.invariant_along(v, axis_name)]
+  for i in invariant:
+    v = leaves[i]
+    r = v * params["axis_size"] if reduce_op == "sum" else v
+    out[i] = r / params["axis_size"] if op == "mean" else r
+  if any(jnp.issubdtype(leaves[i].dtype, jnp.floating) for i in invariant) and reduce_op == "sum":
+    warnings.warn(_INVARIANT_SUM.format(axis_name=axis_name), stacklevel=2)
+  rest = [i for i in range(len(leaves)) if i not in invariant]
+  if not rest:
+    return jax.tree.unflatten(tree, out)
+  # Leaves that vary along part of a tuple of axes sum to p' * x over the rest, as with psum.
+  moving = [compat.make_varying(leaves[i], axis_name) for i in rest]
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
-  route_nbytes = _buckets.nbytes(leaves)
-  codecs, call_codec = _args.wire_codecs(params, {v.dtype for v in leaves})
+  route_nbytes = _buckets.nbytes(moving)
+  codecs, call_codec = _args.wire_codecs(params, {v.dtype for v in moving})
   ordered = dispatch.needs_order(_API, "all_reduce", dict(params, codec=call_codec),
                                  route_nbytes, reduce_op)
-  for bucket in _buckets.buckets(leaves, bucket_bytes):
-    operands = [leaves[i] for i in bucket]
+  for bucket in _buckets.buckets(moving, bucket_bytes):
+    operands = [moving[j] for j in bucket]
     results = all_reduce_p.bind(*operands, op=reduce_op, invariant_out=compat.check_vma(),
                                 ordered=ordered, route_nbytes=route_nbytes,
                                 **dict(params, codec=codecs[operands[0].dtype]))
-    for i, r in zip(bucket, results):
-      out[i] = r / params["axis_size"] if op == "mean" else r
+    for j, r in zip(bucket, results):
+      out[rest[j]] = r / params["axis_size"] if op == "mean" else r
   return jax.tree.unflatten(tree, out)
 
 
