@@ -3,7 +3,8 @@
 Usage: ``python network_worker.py CONFIG_JSON`` with ``{"calls", "fault", "progress"}``:
 before call ``fault`` process 0 writes it to ``progress`` and every process waits
 a second (the parent changes a link meanwhile). Every result is checked against
-numpy. Prints ``{"process", "events", "send_bandwidth", "seconds"}``.
+numpy. Prints ``{"process", "events", "send_bandwidth", "seconds", "traced"}`` (the send
+bandwidths of each topology a trace planned on).
 """
 
 import json
@@ -18,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxcc
 from jaxcc.launcher import join
+from jaxcc.network import active
 
 
 def main():
@@ -26,8 +28,13 @@ def main():
   me, n = jax.process_index(), jax.process_count()
   mesh = jax.make_mesh((n,), ("x",))
   net = jaxcc.network.MeasuredNetwork(mesh, "x", budget=0.05)
-  step = net.jit(jax.shard_map(lambda b: jaxcc.all_reduce(b, "x"), mesh=mesh,
-                               in_specs=P("x"), out_specs=P("x")))
+  traced = []
+
+  def body(b):
+    traced.append(active.topology("x"))  # the topology this trace plans on
+    return jaxcc.all_reduce(b, "x")
+
+  step = net.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
   line_up = jax.jit(jax.shard_map(lambda b: lax.psum(b[:, :1], "x"), mesh=mesh,
                                   in_specs=P("x"), out_specs=P("x")))
   size = (2 << 20) // 4 + 3
@@ -49,7 +56,8 @@ def main():
     seconds.append(time.perf_counter() - began)
     np.testing.assert_array_equal(got, data.sum(0))
   print(json.dumps({"process": me, "events": [(e.step, e.kind, e.why) for e in net.events],
-                    "send_bandwidth": net.topology.send_bandwidth, "seconds": seconds}),
+                    "send_bandwidth": net.topology.send_bandwidth, "seconds": seconds,
+                    "traced": [t.send_bandwidth for t in traced]}),
         flush=True)
   jax.distributed.shutdown()
 

@@ -27,6 +27,7 @@ def test_a_measured_loop_on_loopback_plans_on_its_probe_and_every_process_agrees
   assert all(o["events"] == events and o["send_bandwidth"] == out[0]["send_bandwidth"]
              for o in out)
   assert all(b > 0 for b in out[0]["send_bandwidth"])
+  assert out[0]["traced"] == [out[0]["send_bandwidth"]]
 
 
 def test_a_tc_change_is_found_within_a_few_calls_and_the_next_calls_use_the_new_plan():
@@ -55,3 +56,5 @@ def test_a_tc_change_is_found_within_a_few_calls_and_the_next_calls_use_the_new_
   assert all(o["events"] == events for o in out)  # every process agreed, at the same call
   send = out[0]["send_bandwidth"]
   assert 0.4 < send[2] / send[0] < 0.6, send
+  traced = out[0]["traced"]  # one trace per topology, the last on the new one
+  assert len(traced) == len(changes) + 1 and traced[-1] == send, (traced, send)

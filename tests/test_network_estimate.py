@@ -27,6 +27,48 @@ def test_a_token_buckets_burst_and_short_messages_are_left_out():
   assert got.seconds[2] == 0 and got.seconds[0] == 0
 
 
+def _received_rates_by_period(records, nproc, settle_bytes, gap_s, min_seconds):
+  """received_rates one busy period at a time, as the module doc says it."""
+  got, secs = np.zeros(nproc), np.zeros(nproc)
+  mine = records[(records["direction"] == host.RECEIVED) & (records["op"] > 0)]
+  for q in np.unique(mine["peer"]):
+    frames = np.sort(mine[mine["peer"] == q], order="first_ns")
+    period = [frames[0]]
+    for f in list(frames[1:]) + [None]:
+      if f is not None and (int(f["first_ns"]) - int(period[-1]["last_ns"])) / 1e9 <= gap_s:
+        period.append(f)
+        continue
+      done = np.cumsum([int(g["bytes"]) for g in period])
+      k = int(np.searchsorted(done, settle_bytes))
+      if k < len(period) - 1:
+        seconds = (int(period[-1]["last_ns"]) - int(period[k]["last_ns"])) / 1e9
+        if seconds >= min_seconds:
+          got[q] += done[-1] - done[k]
+          secs[q] += seconds
+      period = [f]
+  return got, secs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_received_rates_equals_its_period_by_period_twin(seed):
+  rng = np.random.default_rng([np.random.SeedSequence().entropy, seed])
+  parts = []
+  for peer in range(4):
+    for burst in range(rng.integers(1, 6)):
+      n = int(rng.integers(1, 40))
+      parts.append(_frames(peer, rng.integers(100, 200_000, n), rng.uniform(1e6, 1e9, n),
+                           start=rng.uniform(0, 1), gap=float(rng.choice([0, 1e-3, 3e-3]))))
+  records = np.concatenate(parts)
+  records["op"][rng.random(len(records)) < 0.1] = host.HOST_OP
+  records["direction"][rng.random(len(records)) < 0.1] = host.SENT
+  rng.shuffle(records)
+  for settle in (0, 1, 64 << 10, 256 << 10):
+    got = estimate.received_rates(records, 5, settle_bytes=settle, gap_s=2e-3, min_seconds=5e-3)
+    want = _received_rates_by_period(records, 5, settle, 2e-3, 5e-3)
+    np.testing.assert_allclose(got.bytes, want[0])
+    np.testing.assert_allclose(got.seconds, want[1], rtol=1e-12)
+
+
 def test_host_messages_and_sent_frames_do_not_count():
   probe = _frames(1, [1 << 20] * 4, [25e6] * 4, op=host.HOST_OP)
   sent = _frames(1, [1 << 20] * 4, [25e6] * 4)

@@ -1,8 +1,8 @@
 """The topology a measured network traces its programs on, per mesh axis (``MeasuredNetwork.jit``).
 
 A collective called with ``topology=None`` on an axis with an active measured
-network plans on its topology. Set only while a program is traced and run:
-each topology has its own jitted program, so a changed network re-traces once.
+network plans on its topology. Set only while a program is traced: each
+topology has a traced function of its own, so a changed network re-traces once.
 """
 
 from __future__ import annotations

@@ -39,21 +39,24 @@ def received_rates(records: np.ndarray, nproc: int, *, settle_bytes: int = 256 <
   """What this process received from each peer in collectives' frames, timed (module doc)."""
   got, secs = np.zeros(nproc), np.zeros(nproc)
   mine = records[(records["direction"] == host.RECEIVED) & (records["op"] > 0)]
-  for q in np.unique(mine["peer"]):
-    frames = np.sort(mine[mine["peer"] == q], order="first_ns")
-    first = frames["first_ns"].astype(np.float64) / 1e9
-    last = frames["last_ns"].astype(np.float64) / 1e9
-    size = frames["bytes"].astype(np.float64)
-    starts = np.flatnonzero(np.r_[True, first[1:] - last[:-1] > gap_s])
-    for a, b in zip(starts, np.r_[starts[1:], len(frames)]):
-      done = np.cumsum(size[a:b])
-      settled = int(np.searchsorted(done, settle_bytes))  # the frame that ends the settle
-      if settled >= b - a - 1:
-        continue
-      seconds = last[b - 1] - last[a + settled]
-      if seconds >= min_seconds:
-        got[q] += done[-1] - done[settled]
-        secs[q] += seconds
+  if not len(mine):
+    return Received(got, secs)
+  mine = np.sort(mine, order=["peer", "first_ns"])
+  peer, first, last = mine["peer"], mine["first_ns"], mine["last_ns"]
+  # A period starts at a peer's first frame and after every gap over gap_s.
+  starts = np.flatnonzero(np.r_[True, (peer[1:] != peer[:-1]) |
+                                (first[1:] - last[:-1] > int(gap_s * 1e9))])
+  ends = np.r_[starts[1:], len(mine)] - 1
+  total = np.cumsum(mine["bytes"].astype(np.float64))
+  done = total - np.repeat(total[starts] - mine["bytes"][starts], np.diff(np.r_[starts,
+                                                                                len(mine)]))
+  # The frame that ends a period's settle: its first whose bytes so far reach settle_bytes.
+  index = np.where(done >= settle_bytes, np.arange(len(mine)), len(mine))
+  settled = np.minimum(np.minimum.reduceat(index, starts), ends)
+  seconds = (last[ends] - last[settled]) / 1e9
+  timed = (settled < ends) & (seconds >= min_seconds)
+  np.add.at(got, peer[starts][timed], (done[ends] - done[settled])[timed])
+  np.add.at(secs, peer[starts][timed], seconds[timed])
   return Received(got, secs)
 
 

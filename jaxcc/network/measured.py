@@ -34,6 +34,7 @@ trace and a switch back none. After each call it observes:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import struct
 import time
@@ -108,13 +109,21 @@ class MeasuredNetwork:
     """``jax.jit(fun, **jit_kwargs)`` planned on this network; observes after each call."""
     programs: dict[Topology, Callable] = {}
 
+    def planned_on(topology: Topology) -> Callable:
+      # A function of its own per topology: jax caches traces by function, so one shared
+      # function would run the first topology's program for every later one.
+      @functools.wraps(fun)
+      def traced(*args, **kwargs):
+        with active.using(self.axis_name, topology):
+          return fun(*args, **kwargs)
+      return jax.jit(traced, **jit_kwargs)
+
     def call(*args, **kwargs):
       topology = self.topology
       program = programs.get(topology)
       if program is None:
-        program = programs[topology] = jax.jit(fun, **jit_kwargs)
-      with active.using(self.axis_name, topology):
-        out = program(*args, **kwargs)
+        program = programs[topology] = planned_on(topology)
+      out = program(*args, **kwargs)
       self._last_out = out
       self.observe()
       return out
