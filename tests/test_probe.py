@@ -69,6 +69,25 @@ def test_clusters_apart_along_the_axis_are_refused():
     probe.topology_from_rates(rates)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_pair_rounds_move_every_pair_once_one_flow_per_port(seed):
+  from jaxcc.network.native_probe import pair_rounds
+  rng = np.random.default_rng([np.random.SeedSequence().entropy, seed])
+  for p in (2, 3, 8, 13):
+    pairs = rng.random((p, p)) < 0.5
+    np.fill_diagonal(pairs, False)
+    moved = np.zeros((p, p), int)
+    for to in pair_rounds(pairs):
+      sending = np.flatnonzero(to >= 0)
+      assert len(set(to[sending])) == len(sending)  # one flow into each receive port
+      moved[sending, to[sending]] += 1
+    np.testing.assert_array_equal(moved, pairs)
+  everyone = ~np.eye(8, dtype=bool)
+  assert len(pair_rounds(everyone)) == 7
+  cluster = np.array([0, 0, 0, 1, 1, 1, 1, 1])
+  assert len(pair_rounds(everyone & np.equal.outer(cluster, cluster))) == 4
+
+
 def test_bad_arguments_fail_with_the_argument_named():
   mesh = jax.make_mesh((8,), ("x",))
   with pytest.raises(ValueError, match="axis_name must name an axis"):

@@ -1,8 +1,10 @@
 """The native probe: every ordered pair of processes timed on jaxcc's TCP transport, no JAX program.
 
-Rounds ``k = 1 .. p - 1``: process ``i`` sends to ``i + k`` and receives from
-``i - k`` (mod ``p``), so each send port and each receive port carries one
-flow (ports are full duplex). Each round:
+The pairs go in rounds (``pair_rounds``) in which each process sends at most
+once and receives at most once, so each send port and each receive port
+carries one flow (ports are full duplex): every ordered pair in the ``p - 1``
+shift rounds (``i`` sends to ``i + k``), the pairs inside clusters of
+consecutive processes in one round fewer than the largest cluster. Each round:
 
 1. A handshake keeps the ports quiet: ``i`` waits until its last round's
    receiver has its bytes and its next receiver has finished its own last
@@ -91,52 +93,81 @@ def probe(*, settle_bytes: int = 512 << 10, first_bytes: int = 128 << 10,
   return Measurement(rates, one_way, (host.now_ns() - start) / 1e9)
 
 
+def pair_rounds(pairs: np.ndarray) -> list[np.ndarray]:
+  """The ``[src, dst]`` pairs where ``pairs`` is True in rounds: each round an array ``dst`` per
+  sending process (-1: none), every process sending at most once and receiving at most once.
+  Pairs are placed in order of their shift ``dst - src`` (mod p), each in the first round
+  where both ports are free: all pairs in ``p - 1`` shift rounds, the pairs inside clusters
+  of consecutive processes in one round fewer than the largest cluster."""
+  p = len(pairs)
+  src, dst = np.nonzero(pairs)
+  order = np.lexsort((src, (dst - src) % p))
+  rounds: list[np.ndarray] = []
+  receiving: list[np.ndarray] = []
+  for i, j in zip(src[order], dst[order]):
+    for to, busy in zip(rounds, receiving):
+      if to[i] < 0 and not busy[j]:
+        break
+    else:
+      to, busy = np.full(p, -1), np.zeros(p, bool)
+      rounds.append(to)
+      receiving.append(busy)
+    to[i], busy[j] = j, True
+  return rounds
+
+
 def _rounds(me: int, p: int, sizes: np.ndarray, settle_bytes: int, pings: int,
-            timeout_s: float, shifts: tuple[int, ...] | None = None
-            ) -> tuple[np.ndarray, np.ndarray]:
-  """This process' receive rates ``[src]`` and one-way times ``[dst]`` over the rounds of
-  ``shifts`` (default every shift ``1 .. p - 1``)."""
-  shifts = tuple(range(1, p)) if shifts is None else shifts
+            timeout_s: float) -> tuple[np.ndarray, np.ndarray]:
+  """This process' receive rates ``[src]`` and one-way times ``[dst]`` over the pairs where
+  ``sizes`` is above 0, in ``pair_rounds``."""
   cpu = ffi.load().cpu
   log = host.FrameLog()
   rates = np.full(p, np.nan)
   one_way = np.full(p, np.nan)
+  rounds = pair_rounds(sizes > 0)
   per_round = 4 + 2 * pings
-  first = host.Tags.take(per_round * len(shifts))
+  first = host.Tags.take(per_round * len(rounds))
   records = []
-  last_dst = None  # the receiver of this process' last round with data
+  last_dst, last_round = None, 0  # the receiver of this process' last data, not yet done
 
   def recv(q, tag, size=1):
     return cpu.tcp_recv_bytes(q, tag, size, timeout_s)
 
-  for i, k in enumerate(shifts):
-    dst, src = (me + k) % p, (me - k) % p
+  for i, to in enumerate(rounds):
+    dst = int(to[me]) if to[me] >= 0 else None
+    senders = np.flatnonzero(to == me)
+    src = int(senders[0]) if len(senders) else None
     ready, done, ping, pong, settle, timed = _round_tags(first + i * per_round, pings)
     if last_dst is not None:  # the last receiver has every byte this process sent it
-      recv(last_dst, done - per_round)
-    cpu.tcp_send_bytes(src, ready, _TOKEN)
-    recv(dst, ready)
+      recv(last_dst, _round_tags(first + last_round * per_round, pings)[1])
+      last_dst = None
+    if src is not None:
+      cpu.tcp_send_bytes(src, ready, _TOKEN)
+    if dst is not None:
+      recv(dst, ready)
     for r in range(pings):
       began = host.now_ns()
-      cpu.tcp_send_bytes(dst, ping + r, _TOKEN)
-      recv(src, ping + r)
-      cpu.tcp_send_bytes(src, pong + r, _TOKEN)
-      recv(dst, pong + r)
-      one_way[dst] = np.fmin(one_way[dst], (host.now_ns() - began) / 2e9)
-    last_dst = None
-    if sizes[me, dst]:  # built first, then queued back to back: no gap between the frames
+      if dst is not None:
+        cpu.tcp_send_bytes(dst, ping + r, _TOKEN)
+      if src is not None:
+        recv(src, ping + r)
+        cpu.tcp_send_bytes(src, pong + r, _TOKEN)
+      if dst is not None:
+        recv(dst, pong + r)
+        one_way[dst] = np.fmin(one_way[dst], (host.now_ns() - began) / 2e9)
+    if dst is not None:  # built first, then queued back to back: no gap between the frames
       payload = bytes(int(sizes[me, dst]))
       cpu.tcp_send_bytes(dst, settle, bytes(settle_bytes))
       cpu.tcp_send_bytes(dst, timed, payload)
-      last_dst = dst
-    if sizes[src, me]:
+      last_dst, last_round = dst, i
+    if src is not None:
       recv(src, settle, settle_bytes)
       recv(src, timed, int(sizes[src, me]))
       cpu.tcp_send_bytes(src, done, _TOKEN)
       records.append(log.read())
       rates[src] = _rate(np.concatenate(records), src, settle, timed)
   if last_dst is not None:
-    recv(last_dst, _round_tags(first + (len(shifts) - 1) * per_round, pings)[1])
+    recv(last_dst, _round_tags(first + last_round * per_round, pings)[1])
   return rates, one_way
 
 
@@ -154,7 +185,7 @@ def spot_check(expected: np.ndarray, shifts: tuple[int, ...], *, settle_bytes: i
     on[np.arange(p), (np.arange(p) + k) % p] = True
   sizes = np.where(on, np.maximum(np.nan_to_num(expected) * seconds, 128 << 10), 0).astype(
       np.int64)
-  rates, _ = _rounds(me, p, sizes, settle_bytes, 0, timeout_s, shifts)
+  rates, _ = _rounds(me, p, sizes, settle_bytes, 0, timeout_s)
   rates, _ = _gather(rates, np.full(p, np.nan), me)
   return np.where(on, rates, np.nan)
 
