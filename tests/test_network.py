@@ -27,7 +27,9 @@ def test_a_measured_loop_on_loopback_plans_on_its_probe_and_every_process_agrees
   assert all(o["events"] == events and o["send_bandwidth"] == out[0]["send_bandwidth"]
              for o in out)
   assert all(b > 0 for b in out[0]["send_bandwidth"])
-  assert out[0]["traced"] == [out[0]["send_bandwidth"]]
+  traced = [tuple(t) for t in out[0]["traced"]]  # loopback may change: once per topology
+  changes = sum(kind == "change" for _, kind, _ in events)
+  assert len(set(traced)) == len(traced) <= changes + 1, (traced, events)
 
 
 def test_a_tc_change_is_found_within_a_few_calls_and_the_next_calls_use_the_new_plan():

@@ -36,7 +36,11 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   other axes. bool is summed as int32, as psum does.
 
   A pytree's leaves go in buckets by dtype of up to ``bucket_bytes`` (one
-  collective per bucket); the results equal per-leaf calls.
+  collective per bucket); the results equal per-leaf calls. A leaf typed
+  invariant along the axes (the same on every rank) sends nothing: ``p * x``
+  for a sum, ``x`` for max and min, as XLA simplifies psum of one; a float sum
+  of one warns (the gradient of a replicated parameter is one: jax summed it
+  already, over XLA's collective).
 
   Bytes sent per rank (N = the bucket's bytes, p ranks): ``2(p-1)/p N`` for
   "ring" (``2(p-1)`` steps per chunk) and "direct" (2 steps per chunk);
