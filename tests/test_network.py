@@ -27,9 +27,9 @@ def test_a_measured_loop_on_loopback_plans_on_its_probe_and_every_process_agrees
   assert all(o["events"] == events and o["send_bandwidth"] == out[0]["send_bandwidth"]
              for o in out)
   assert all(b > 0 for b in out[0]["send_bandwidth"])
-  traced = [tuple(t) for t in out[0]["traced"]]  # loopback may change: once per topology
-  changes = sum(kind == "change" for _, kind, _ in events)
-  assert len(set(traced)) == len(traced) <= changes + 1, (traced, events)
+  traced = [tuple(t) for t in out[0]["traced"]]  # a new topology after call k: traced at k + 1
+  used = sum(kind == "change" and step < 6 for step, kind, _ in events)
+  assert 1 <= len(set(traced)) == len(traced) <= used + 1, (traced, events)
 
 
 def test_a_tc_change_is_found_within_a_few_calls_and_the_next_calls_use_the_new_plan():
@@ -58,5 +58,8 @@ def test_a_tc_change_is_found_within_a_few_calls_and_the_next_calls_use_the_new_
   assert all(o["events"] == events for o in out)  # every process agreed, at the same call
   send = out[0]["send_bandwidth"]
   assert 0.4 < send[2] / send[0] < 0.6, send
-  traced = out[0]["traced"]  # one trace per topology, the last on the new one
-  assert len(traced) == len(changes) + 1 and traced[-1] == send, (traced, send)
+  traced = out[0]["traced"]  # one trace per topology a call ran on, the last on the new one
+  used = [step for step in changes if step < calls]
+  assert len(traced) == len(used) + 1 and traced[1] != traced[0], (traced, events)
+  if len(used) == len(changes):
+    assert traced[-1] == send, (traced, send)
