@@ -3,7 +3,11 @@ network, while a host's NIC degrades.
 
 Each method trains the character transformer (``char_transformer``, width
 ``--width``) for ``--steps`` steps as one ``jax.distributed`` process per
-testbed host, every step's gradients averaged over all hosts:
+testbed host, every step's gradients averaged over all hosts. Each host
+differentiates its own copy of the parameters (``lax.pcast(params, "x",
+to="varying")``), so that the method's collective is the gradients' only sync
+(jax would sum the gradient of the replicated parameters itself, over XLA's
+all-reduce):
 
 * ``lax``: ``lax.pmean`` (XLA's all-reduce over gloo);
 * ``jaxcc``: ``jaxcc.all_reduce(grads, "x", op="mean")`` with no topology,
