@@ -146,6 +146,15 @@ class Topology:
     return tuple(min(s, r) for s, r in zip(self.inter_send_bandwidth, self.inter_recv_bandwidth))
 
   @property
+  def ports(self) -> tuple[float, ...]:
+    """Every port a schedule may move bytes through: each rank's send and receive port, and
+    across clusters its cross-cluster ones (those of rate 0 left out)."""
+    ports = self.send_bandwidth + self.recv_bandwidth
+    if self.cluster is not None:
+      ports += tuple(b for b in self.inter_send_bandwidth + self.inter_recv_bandwidth if b > 0)
+    return ports
+
+  @property
   def num_clusters(self) -> int:
     return 1 if self.cluster is None else self.cluster[-1] + 1
 

@@ -238,9 +238,7 @@ def _native_pays(collective: str, engine: Engine, params: dict, nbytes: int) -> 
   if engine is Engine.LOCAL:
     return costs.local_beats_xla(collective, nbytes)
   topology = params["topology"]
-  ports = topology.send_bandwidth + topology.recv_bandwidth
-  if topology.cluster is not None:
-    ports += tuple(b for b in topology.inter_send_bandwidth + topology.inter_recv_bandwidth if b)
+  ports = topology.ports
   equal_ports = len(set(ports)) == 1
   if engine is Engine.TCP:
     return (not equal_ports or costs.tcp_beats_xla(collective, nbytes)

@@ -60,7 +60,7 @@ def auto_choice(dtype, topology: Topology) -> tuple[str | None, str]:
     return None, f"{name} is not a dtype the codecs take"
   ratio, encode, decode = MEASURED[name]
   ratio = _declared.get(name, ratio)
-  port = slowest_port(topology)
+  port = min(topology.ports)  # the slowest a schedule on it moves bytes through
   coded = ratio + port * (1 / encode + 1 / decode)
   choice = "entropy" if coded <= MARGIN else None
   why = (f"{name} over a port of {port / 1e6:.3g} MB/s: coded {coded:.2f} of the raw time "
@@ -72,10 +72,3 @@ def auto_choice(dtype, topology: Topology) -> tuple[str | None, str]:
     logger.info("jaxcc: codec='auto' chose %s: %s", choice, why)
   return choice, why
 
-
-def slowest_port(topology: Topology) -> float:
-  """The slowest port a schedule on ``topology`` moves bytes through (bytes/s)."""
-  ports = list(topology.send_bandwidth) + list(topology.recv_bandwidth)
-  if topology.cluster is not None:
-    ports += [b for b in topology.inter_send_bandwidth + topology.inter_recv_bandwidth if b > 0]
-  return float(min(ports))
