@@ -1,17 +1,23 @@
 # Developer entry points.
 #
-#   make test                                  build jaxcc into .venv, run tests/, then
-#                                              `make sanitize`
+#   make test                                  both ends of the supported jax range: build
+#                                              jaxcc into .venv (Python 3.11: jax 0.10), run
+#                                              tests/ and `make sanitize`; then the same
+#                                              tests in .venv-newest (Python >= 3.12: the
+#                                              newest jax 0.12) when such a Python is on PATH
+#                                              (CI=true requires one)
 #   make test PYTEST_ARGS=tests/test_reduce.py  a subset (any pytest arguments;
-#                                              tests/ is run unless they name tests),
-#                                              without `make sanitize`
+#                                              tests/ is run unless they name tests) on
+#                                              both, without `make sanitize`
+#   make test NEWEST_PYTHON=                   the .venv leg only
 #   make sanitize                              the CPU module with AddressSanitizer and
 #                                              UndefinedBehaviorSanitizer, run on SANITIZE_TESTS
 #   make sanitize PYTEST_ARGS=tests/test_reduce.py  another subset, sanitized
 #   make demo                                  run examples/demo.py
 #   make install                               only (re)build and install jaxcc
 #
-# .venv is created with python3.11 (else python3, which must be >= 3.11). jaxcc
+# .venv is created with python3.11 (else python3, which must be >= 3.11), and
+# .venv-newest with Python 3.12 (else 3.13) when PYTHON is older. jaxcc
 # is installed editable and without build isolation, so its native modules are
 # compiled against the jaxlib that runs them; they are rebuilt only when a
 # native source, CMakeLists.txt, pyproject.toml or the installed jaxlib changes.
@@ -29,13 +35,27 @@
 # jobs get 3 times their time limit. It takes about 5 minutes on 2 cores.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
+VENV ?= .venv
+# The newest leg's interpreter: jax >= 0.11 needs Python >= 3.12. None when PYTHON
+# is one already (then .venv has the newest jax).
+PYTHON_IS_NEWEST := $(shell $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 12))' \
+  2>/dev/null && echo yes)
+# The first of python3.12, python3.13 (on PATH, or a pyenv version not made global)
+# that runs.
+ifndef NEWEST_PYTHON
+NEWEST_PYTHON := $(if $(PYTHON_IS_NEWEST),,$(shell for p in python3.12 python3.13 \
+  $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python3 2>/dev/null); do \
+  "$$p" -c '' 2>/dev/null && command -v "$$p" && break; done))
+endif
 PY := $(VENV)/bin/python
-# Prints pyproject.toml's build requirements, runtime dependencies and test and
-# bench extras (not minilm nor baselines: they bring torch) as shell words.
+# Prints pyproject.toml's build requirements but jax (its pin is for isolated wheel
+# builds; here the module is built against the jax it runs with), runtime
+# dependencies and test and bench extras (not minilm nor baselines: they bring
+# torch) as shell words.
 PRINT_DEPS = $(PY) -c 'import shlex, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
-  e = p["project"]["optional-dependencies"]; print(shlex.join(p["build-system"]["requires"] \
-  + p["project"]["dependencies"] + e["test"] + e["bench"]))'
+  e = p["project"]["optional-dependencies"]; \
+  build = [r for r in p["build-system"]["requires"] if not r.startswith("jax")]; \
+  print(shlex.join(build + p["project"]["dependencies"] + e["test"] + e["bench"]))'
 CMAKE_MIN := 3.18
 PYTEST_ARGS ?=
 TEST_PATHS := $(if $(filter tests%,$(PYTEST_ARGS)),,tests)
@@ -75,8 +95,14 @@ all: install
 install: $(INSTALL_STAMP)
 
 test: $(INSTALL_STAMP)
+	@$(PY) -c 'import jax, sys; print(f"== Python {sys.version.split()[0]}, jax {jax.__version__} ($(VENV))")'
 	$(PY) -m pytest -q $(PYTEST_ARGS) $(TEST_PATHS)
-	$(if $(PYTEST_ARGS),,$(MAKE) sanitize)
+	$(if $(PYTEST_ARGS)$(NO_SANITIZE),,$(MAKE) sanitize)
+ifneq ($(NEWEST_PYTHON),)
+	$(MAKE) test VENV=.venv-newest PYTHON=$(NEWEST_PYTHON) NEWEST_PYTHON= NO_SANITIZE=1
+else ifeq ($(CI)$(PYTHON_IS_NEWEST)$(NO_SANITIZE),true)
+	@echo "error: CI tests the newest jax too, and no python3.12 or python3.13 is on PATH" >&2; exit 1
+endif
 
 # Leaks are not reported: the interpreter and jaxlib keep memory until exit.
 sanitize: $(INSTALL_STAMP) $(SANITIZE_STAMP)

@@ -1,8 +1,8 @@
 """jaxcc: collective communication for JAX that stays fast on real, imperfect networks."""
 
 from jaxcc import codec, network, optim, schedules, sim
-from jaxcc.collectives import (all_gather, all_reduce, broadcast, ppermute, recover,
-                               reduce_scatter)
+from jaxcc.collectives import (all_gather, all_reduce, broadcast, pbroadcast, pmax, pmean,
+                               pmin, ppermute, psum, psum_scatter, recover, reduce_scatter)
 from jaxcc.planner import plan
 from jaxcc.probe import probe_topology
 from jaxcc.schedules import Schedule
@@ -19,9 +19,15 @@ __all__ = [
     "codec",
     "network",
     "optim",
+    "pbroadcast",
     "plan",
+    "pmax",
+    "pmean",
+    "pmin",
     "ppermute",
     "probe_topology",
+    "psum",
+    "psum_scatter",
     "recover",
     "reduce_scatter",
     "schedules",

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcc
+from jaxcc._src import compat
 
 SEED = np.random.SeedSequence().entropy
 COUNTS = (1, 3, 8)
@@ -215,15 +216,36 @@ def test_tuple_axes_equal_lax(shape, axes, executor):
        lambda b: lax.all_gather(b, axes, axis=1, tiled=True), P(axes), True),
       (lambda b: jaxcc.broadcast(b, axes, root=5, algorithm=algorithm, executor=executor),
        lambda b: lax.psum(jnp.where(lax.axis_index(axes) == 5, b, 0), axes), P(), True),
-      # lax.ppermute numbers a tuple's ranks in mesh order (jax 0.12 takes only that order).
-      (lambda b: jaxcc.ppermute(b, axes, perm, executor=executor),
-       lambda b: lax.ppermute(b, ("a", "b"), perm), spec, True),
   ]
   for ours, theirs, out, exact in cases:
     for data, dtype in ((x, jnp.float32), (xi, jnp.int32)):
       got = run(ours, mesh, data, spec, out)
       want = run(theirs, mesh, data, spec, out)
       assert_close(got, want, dtype, exact=exact)
+  # lax.ppermute numbers a tuple's ranks in mesh order; jax 0.12 refuses another order unless
+  # jax_raise_on_ppermute_sort_diff is off, and jaxcc does as lax does.
+  ours = lambda b: jaxcc.ppermute(b, axes, perm, executor=executor)
+  theirs = lambda b: lax.ppermute(b, ("a", "b"), perm)
+  with ppermute_sort_check(False):
+    assert_close(run(ours, mesh, x, spec, spec), run(theirs, mesh, x, spec, spec), jnp.float32,
+                 exact=True)
+  if axes != ("a", "b") and compat.ppermute_needs_mesh_order():
+    with pytest.raises(RuntimeError, match="not in the mesh's axis order"):
+      run(ours, mesh, x, spec, spec)
+
+
+@contextlib.contextmanager
+def ppermute_sort_check(on: bool):
+  """jax 0.12's jax_raise_on_ppermute_sort_diff set to ``on`` (nothing on jax 0.10)."""
+  if not hasattr(jax.config, "jax_raise_on_ppermute_sort_diff"):
+    yield
+    return
+  before = jax.config.jax_raise_on_ppermute_sort_diff
+  jax.config.update("jax_raise_on_ppermute_sort_diff", on)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_raise_on_ppermute_sort_diff", before)
 
 
 def test_tuple_axes_gradient_equals_lax():

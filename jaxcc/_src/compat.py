@@ -116,6 +116,15 @@ def varying_axes(aval) -> frozenset:
   return frozenset(getattr(aval, "vma", frozenset()))
 
 
+def reduced_axes(aval) -> frozenset:
+  """The manual axes along which ``aval`` is reduced or unreduced (jax's ``mat`` types): values
+  only XLA's collectives take."""
+  mat = getattr(aval, "mat", None)
+  if mat is None:
+    return frozenset()
+  return frozenset(getattr(mat, "reduced", ())) | frozenset(getattr(mat, "unreduced", ()))
+
+
 def with_varying_axes(aval, axes: frozenset):
   """``aval`` with the set of manual axes it varies along replaced by ``axes``."""
   if getattr(aval, "mat", None) is not None:
@@ -269,6 +278,13 @@ def ppermute_order(axis_name) -> tuple[int, ...] | None:
   index = np.ravel_multi_index([coords[names.index(a)] for a in in_mesh_order],
                                [sizes[a] for a in in_mesh_order])
   return tuple(int(i) for i in index)
+
+
+def ppermute_needs_mesh_order() -> bool:
+  """Whether ``lax.ppermute`` refuses a tuple of axes not in the mesh's order (jax 0.12's
+  ``jax_raise_on_ppermute_sort_diff``)."""
+  flag = getattr(_config, "raise_on_ppermute_sort_diff", None)
+  return bool(flag is not None and flag.value)
 
 
 def register(prim, abstract_eval, run, transpose, batcher, jvp=None) -> None:

@@ -81,6 +81,31 @@ def resolve(api: str, collective: str, axis_name, algorithm: str, executor: str,
               measured=measured is not None)
 
 
+def xla_form(x, axis_name, axis_index_groups=None) -> bool:
+  """Whether a call on the leaf ``x`` takes a form that only XLA's collective runs: replica
+  groups (``axis_index_groups``), or ``x`` reduced or unreduced along the axes (jax's ``mat``
+  types). Such a call runs on ``lax``'s collective, with its result and type."""
+  if axis_index_groups is not None:
+    return True
+  return bool(compat.reduced_axes(jax.typeof(x)) & set(compat.axis_names(axis_name, "xla_form")))
+
+
+def group_size(api: str, axis_index_groups, axis_size: int) -> int:
+  """The ranks in each group of ``axis_index_groups`` (``axis_size`` for None), or a ValueError
+  unless the groups are equal in size and split the axis' ranks, as lax requires."""
+  if axis_index_groups is None:
+    return axis_size
+  try:
+    groups = [[int(r) for r in g] for g in axis_index_groups]
+  except TypeError:
+    groups = None
+  if (not groups or len({len(g) for g in groups}) != 1
+      or sorted(r for g in groups for r in g) != list(range(axis_size))):
+    raise ValueError(f"{api}: axis_index_groups must split the {axis_size} ranks of the axis into "
+                     f"groups of equal size, got {axis_index_groups!r}")
+  return len(groups[0])
+
+
 def default_topology(axes) -> Topology:
   """The network assumed when none is given: uniform ports of ``DEFAULT_BANDWIDTH``; over a
   tuple of mesh axes each group of the outer axis is a cluster (same bandwidth both levels)."""

@@ -15,9 +15,9 @@ from jaxcc.topology import Topology
 _API = "jaxcc.all_gather"
 
 
-def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: str = "auto",
-               executor: str = "auto", topology: Topology | None = None, codec=None,
-               bucket_bytes: int | None = None):
+def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, axis_index_groups=None,
+               to: str = "varying", algorithm: str = "auto", executor: str = "auto",
+               topology: Topology | None = None, codec=None, bucket_bytes: int | None = None):
   """Gather every rank's ``x`` (an array or a pytree) along ``axis``; block r comes from rank r.
 
   Equal to ``lax.all_gather(x, axis_name, axis=axis, tiled=tiled)`` bit for
@@ -25,7 +25,11 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
   stacked along a new ``axis`` of size p. ``axis_name`` is a mesh axis or a
   tuple of them (blocks in ``lax``'s rank order). Differentiable (its
   transpose is ``reduce_scatter``) and vmappable over other axes. A pytree's
-  leaves go in buckets by dtype (``all_reduce``).
+  leaves go in buckets by dtype (``all_reduce``). Unlike ``lax.all_gather``,
+  ``tiled`` defaults to True (pass False for lax's stacking).
+  Forms only XLA's collective takes run on ``lax.all_gather``, with its
+  result and type: ``axis_index_groups``, ``to`` other than "varying", and a
+  leaf reduced or unreduced along the axes.
 
   Bytes sent per rank (N = the gathered result's bytes): ``(p-1)/p N`` for
   "ring" (``p-1`` steps per chunk) and "direct" (1 step per chunk). With a
@@ -36,6 +40,9 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
     axis_name: the mesh axis (or tuple of axes) to gather over.
     axis: where the blocks go.
     tiled: concatenate (True) or stack (False).
+    axis_index_groups: as for ``lax.all_gather``: gather within each group.
+    to: the result's type along the axes, as for ``lax.all_gather``:
+      "varying", "invarying" or "reduced".
     algorithm: "auto", "lax", "ring" or "direct".
     executor: "auto", "xla" or "native".
     topology: the network of the axis' ranks; if None, the measured network's
@@ -48,13 +55,23 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
   """
   params = _args.resolve(_API, "all_gather", axis_name, algorithm, executor, topology, codec)
   bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
+  _args.group_size(_API, axis_index_groups, params["axis_size"])
   leaves, tree = _args.leaves_of(_API, x)
   dims = []
   for v in leaves:
     _args.check_codec(_API, codec, v.dtype)
     dims.append(_args.check_dimension(_API, "axis", axis, v.ndim + (0 if tiled else 1)))
-  leaves = [compat.make_varying(v, axis_name) for v in leaves]
   out = [None] * len(leaves)
+  by_xla = [to != "varying" or _args.xla_form(v, axis_name, axis_index_groups) for v in leaves]
+  for i, v in enumerate(leaves):
+    if by_xla[i]:
+      out[i] = lax.all_gather(v, axis_name, axis_index_groups=axis_index_groups, axis=axis,
+                              tiled=tiled, to=to)
+  rest = [i for i in range(len(leaves)) if not by_xla[i]]
+  if not rest:
+    return jax.tree.unflatten(tree, out)
+  leaves = [compat.make_varying(leaves[i], axis_name) for i in rest]
+  dims = [dims[i] for i in rest]
   keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
@@ -67,7 +84,7 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, algorithm: st
                                 ordered=ordered, route_nbytes=route_nbytes,
                                 **dict(params, codec=codecs[operands[0].dtype]))
     for i, r in zip(bucket, results):
-      out[i] = r
+      out[rest[i]] = r
   return jax.tree.unflatten(tree, out)
 
 

@@ -13,7 +13,7 @@ from jaxcc.collectives import _args, _buckets
 from jaxcc.topology import Topology
 
 _API = "jaxcc.all_reduce"
-_LAX = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
+_LAX = {"sum": lax.psum, "mean": lax.pmean, "max": lax.pmax, "min": lax.pmin}
 _INVARIANT_SUM = (
     "jaxcc.all_reduce: a float input is already the same on every rank of {axis_name!r} "
     "(invariant), so its sum is p * x with nothing sent. A gradient with respect to a "
@@ -22,7 +22,7 @@ _INVARIANT_SUM = (
     "jax.lax.pcast(params, {axis_name!r}, to='varying').")
 
 
-def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
+def all_reduce(x, axis_name, *, op: str = "sum", axis_index_groups=None, algorithm: str = "auto",
                executor: str = "auto", topology: Topology | None = None, codec=None,
                bucket_bytes: int | None = None):
   """Reduce ``x`` (an array or a pytree of arrays) over ``axis_name``; every rank gets the result.
@@ -40,7 +40,9 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   invariant along the axes (the same on every rank) sends nothing: ``p * x``
   for a sum, ``x`` for max and min, as XLA simplifies psum of one; a float sum
   of one warns (the gradient of a replicated parameter is one: jax summed it
-  already, over XLA's collective).
+  already, over XLA's collective). Forms only XLA's collective takes run on
+  ``lax``'s, with its result and type: ``axis_index_groups``, and a leaf
+  reduced or unreduced along the axes (``jax.typeof(x).mat``).
 
   Bytes sent per rank (N = the bucket's bytes, p ranks): ``2(p-1)/p N`` for
   "ring" (``2(p-1)`` steps per chunk) and "direct" (2 steps per chunk);
@@ -52,6 +54,8 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
     x: this rank's array, or a pytree of arrays.
     axis_name: the mesh axis (or tuple of axes) to reduce over.
     op: "sum", "mean", "max" or "min".
+    axis_index_groups: as for ``lax.psum``: reduce within each group of ranks
+      (on XLA's collective).
     algorithm: "auto" (the engine and schedule priced fastest: XLA's own
       collective, the native in-process path, or the schedule for
       ``topology`` priced cheapest by ``jaxcc.planner.price``), "lax" (XLA's own all-reduce), "ring",
@@ -76,6 +80,7 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
   params = _args.resolve(_API, "all_reduce", axis_name, algorithm, executor, topology, codec)
   op = _args.check_op(_API, op)
   bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
+  _args.group_size(_API, axis_index_groups, params["axis_size"])
   leaves, tree = _args.leaves_of(_API, x)
   leaves = [v.astype(jnp.int32) if v.dtype == jnp.bool_ else v for v in leaves]
   for v in leaves:
@@ -83,16 +88,20 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
     _args.check_codec(_API, codec, v.dtype)
   out = [None] * len(leaves)
   reduce_op = "sum" if op == "mean" else op
+  by_xla = [i for i, v in enumerate(leaves) if _args.xla_form(v, axis_name, axis_index_groups)]
+  for i in by_xla:
+    out[i] = _LAX[op](leaves[i], axis_name, axis_index_groups=axis_index_groups)
   # A leaf the same on every rank reduces with no communication (XLA's all-reduce simplifier
   # does the same for psum): p * x for a sum, x for max and min.
-  invariant = [i for i, v in enumerate(leaves) if compat.invariant_along(v, axis_name)]
+  invariant = [i for i, v in enumerate(leaves)
+               if i not in by_xla and compat.invariant_along(v, axis_name)]
   for i in invariant:
     v = leaves[i]
     r = v * params["axis_size"] if reduce_op == "sum" else v
     out[i] = r / params["axis_size"] if op == "mean" else r
   if any(jnp.issubdtype(leaves[i].dtype, jnp.floating) for i in invariant) and reduce_op == "sum":
     warnings.warn(_INVARIANT_SUM.format(axis_name=axis_name), stacklevel=2)
-  rest = [i for i in range(len(leaves)) if i not in invariant]
+  rest = [i for i in range(len(leaves)) if i not in invariant and i not in by_xla]
   if not rest:
     return jax.tree.unflatten(tree, out)
   # Leaves that vary along part of a tuple of axes sum to p' * x over the rest, as with psum.

@@ -22,7 +22,8 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
 
   Equal to ``lax.ppermute`` bit for bit: a rank that receives nothing gets
   zeros. Differentiable (its transpose is the inverse permutation, with the
-  same codec) and vmappable over other axes.
+  same codec) and vmappable over other axes. A leaf reduced or unreduced
+  along the axes (``jax.typeof(x).mat``) runs on ``lax.ppermute``.
 
   Bytes sent per rank (N = ``x.nbytes``): N by the source of each pair
   ``(src, dst)`` with ``src != dst`` and 0 by the others, every pair at once
@@ -38,7 +39,9 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
     axis_name: the mesh axis (or tuple of axes).
     perm: pairs ``(src, dst)``; each rank at most once as a source and once as
       a destination. Over a tuple of axes ranks are numbered as
-      ``lax.ppermute`` numbers them (in the mesh's axis order).
+      ``lax.ppermute`` numbers them (in the mesh's axis order); a tuple not
+      in mesh order fails as lax's does where jax refuses it
+      (``jax_raise_on_ppermute_sort_diff``, jax 0.12).
     executor: "auto" (the engine priced fastest: with a codec the native
       one, so that pieces move over TCP at their encoded size; otherwise
       ``lax.ppermute``, which measured faster within a process and over gloo),
@@ -50,8 +53,13 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
   """
   params = _args.check_axis(_API, axis_name, executor, codec)
   size = params["axis_size"]
-  perm = check_perm(perm, size, _API)
+  perm = lax_perm = check_perm(perm, size, _API)
   order = compat.ppermute_order(axis_name)  # perm names ranks as lax.ppermute does
+  if order is not None and compat.ppermute_needs_mesh_order():
+    raise RuntimeError(
+        f"{_API}: axis_name {axis_name!r} is not in the mesh's axis order, which "
+        f"lax.ppermute requires under jax_raise_on_ppermute_sort_diff; name the axes in mesh "
+        f"order, or disable that flag (ranks are then numbered in mesh order)")
   if order is not None:
     rank_of = {n: r for r, n in enumerate(order)}
     perm = tuple((rank_of[s], rank_of[d]) for s, d in perm)
@@ -63,6 +71,8 @@ def ppermute(x, axis_name, perm, *, executor: str = "auto", codec=None):
   def one(v):
     v = _args.as_array(_API, v)
     _args.check_codec(_API, codec, v.dtype)
+    if _args.xla_form(v, axis_name):
+      return lax.ppermute(v, axis_name, lax_perm)
     v = compat.make_varying(v, axis_name)
     _, codec_v = _args.wire_codecs({"codec": codec, "topology": measured or topology}, {v.dtype})
     ordered = dispatch.needs_order(_API, "ppermute", dict(params, executor=executor,

@@ -16,8 +16,8 @@ _LAX = {"max": lax.pmax, "min": lax.pmin}
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = True,
-                   op: str = "sum", algorithm: str = "auto", executor: str = "auto",
-                   topology: Topology | None = None, codec=None,
+                   op: str = "sum", axis_index_groups=None, algorithm: str = "auto",
+                   executor: str = "auto", topology: Topology | None = None, codec=None,
                    bucket_bytes: int | None = None):
   """Reduce ``x`` (an array or a pytree) over ``axis_name``; rank r keeps block r of
   ``scatter_dimension``.
@@ -29,6 +29,10 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
   or a tuple of them (blocks in ``lax``'s rank order). Sums are
   differentiable (the transpose is ``all_gather``); all ops are vmappable over
   other axes. A pytree's leaves go in buckets by dtype (``all_reduce``).
+  Unlike ``lax.psum_scatter``, ``tiled`` defaults to True
+  (``jaxcc.psum_scatter`` has lax's default). Forms only XLA's collective
+  takes run on ``lax.psum_scatter`` (sums and means), with its result and
+  type: ``axis_index_groups``, and a leaf unreduced along the axes.
 
   Bytes sent per rank (N = ``x.nbytes``): ``(p-1)/p N`` for "ring" (``p-1``
   steps per chunk) and "direct" (1 step per chunk). With a codec N counts
@@ -40,6 +44,8 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
     scatter_dimension: the dimension cut into p blocks.
     tiled: keep the dimension (size / p) instead of removing it.
     op: "sum", "mean", "max" or "min".
+    axis_index_groups: as for ``lax.psum_scatter``: reduce within each group
+      of ranks, which scatter its blocks among them (on XLA's collective).
     algorithm: "auto", "lax", "ring" or "direct".
     executor: "auto", "xla" or "native".
     topology: the network of the axis' ranks; if None, the measured network's
@@ -53,7 +59,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
   params = _args.resolve(_API, "reduce_scatter", axis_name, algorithm, executor, topology, codec)
   op = _args.check_op(_API, op)
   bucket_bytes = _args.check_bucket_bytes(_API, bucket_bytes)
-  size = params["axis_size"]
+  size = _args.group_size(_API, axis_index_groups, params["axis_size"])
   leaves, tree = _args.leaves_of(_API, x)
   dims = []
   for v in leaves:
@@ -64,12 +70,26 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
     if (tiled and n % size) or (not tiled and n != size):
       need = f"divisible by {size}" if tiled else f"equal to {size}"
       raise ValueError(f"{_API}: dimension {dim} of x has size {n}, which must be {need} (the "
-                       f"size of axis {axis_name!r}) with tiled={tiled}")
+                       f"ranks of axis {axis_name!r} or of a group) with tiled={tiled}")
     dims.append(dim)
-  leaves = [compat.make_varying(v, axis_name) for v in leaves]
   out = [None] * len(leaves)
-  keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
   reduce_op = "sum" if op == "mean" else op
+  by_xla = [_args.xla_form(v, axis_name, axis_index_groups) for v in leaves]
+  for i, v in enumerate(leaves):
+    if not by_xla[i]:
+      continue
+    if reduce_op != "sum":
+      raise ValueError(f"{_API}: op={op!r} cannot take axis_index_groups or a reduced or "
+                       f"unreduced input (only XLA's psum_scatter does, for sums and means)")
+    r = lax.psum_scatter(v, axis_name, scatter_dimension=dims[i],
+                         axis_index_groups=axis_index_groups, tiled=tiled)
+    out[i] = r / size if op == "mean" else r
+  rest = [i for i in range(len(leaves)) if not by_xla[i]]
+  if not rest:
+    return jax.tree.unflatten(tree, out)
+  leaves = [compat.make_varying(leaves[i], axis_name) for i in rest]
+  dims = [dims[i] for i in rest]
+  keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
   route_nbytes = _buckets.nbytes(leaves)
@@ -83,7 +103,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Tr
                                     route_nbytes=route_nbytes,
                                     **dict(params, codec=codecs[operands[0].dtype]))
     for i, r in zip(bucket, results):
-      out[i] = r / size if op == "mean" else r
+      out[rest[i]] = r / size if op == "mean" else r
   return jax.tree.unflatten(tree, out)
 
 
