@@ -10,6 +10,10 @@
 #                                              tests/ is run unless they name tests) on
 #                                              both, without `make sanitize`
 #   make test NEWEST_PYTHON=                   the .venv leg only
+#
+# The CUDA module (with nvcc) is built in .venv; the newest leg builds the CPU
+# module only (JAXCC_ENABLE_CUDA=OFF): compiling the CUDA sources once a run
+# is enough, and takes minutes.
 #   make sanitize                              the CPU module with AddressSanitizer and
 #                                              UndefinedBehaviorSanitizer, run on SANITIZE_TESTS
 #   make sanitize PYTEST_ARGS=tests/test_reduce.py  another subset, sanitized
@@ -99,7 +103,8 @@ test: $(INSTALL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) $(TEST_PATHS)
 	$(if $(PYTEST_ARGS)$(NO_SANITIZE),,$(MAKE) sanitize)
 ifneq ($(NEWEST_PYTHON),)
-	$(MAKE) test VENV=.venv-newest PYTHON=$(NEWEST_PYTHON) NEWEST_PYTHON= NO_SANITIZE=1
+	$(MAKE) test VENV=.venv-newest PYTHON=$(NEWEST_PYTHON) NEWEST_PYTHON= NO_SANITIZE=1 \
+	  JAXCC_ENABLE_CUDA=OFF
 else ifeq ($(CI)$(PYTHON_IS_NEWEST)$(NO_SANITIZE),true)
 	@echo "error: CI tests the newest jax too, and no python3.12 or python3.13 is on PATH" >&2; exit 1
 endif
@@ -157,5 +162,6 @@ $(SANITIZE_STAMP): $(DEPS_STAMP) $(NATIVE_SOURCES) CMakeLists.txt $(JAXLIB_VERSI
 	touch $@
 
 $(INSTALL_STAMP): $(DEPS_STAMP) $(NCCL_STAMP) $(NATIVE_SOURCES) CMakeLists.txt pyproject.toml $(JAXLIB_VERSION)
-	$(PY) -m pip install --no-build-isolation --no-deps -e .
+	$(PY) -m pip install --no-build-isolation --no-deps -e . \
+	  $(if $(JAXCC_ENABLE_CUDA),-C cmake.define.JAXCC_ENABLE_CUDA=$(JAXCC_ENABLE_CUDA))
 	touch $@

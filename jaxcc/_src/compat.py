@@ -280,6 +280,11 @@ def ppermute_order(axis_name) -> tuple[int, ...] | None:
   return tuple(int(i) for i in index)
 
 
+# jax >= 0.11 fails to trace lax.psum_scatter in a partial-manual shard_map ("Length of
+# sharding.spec (2) must be equal to aval's ndim (0)"); jax 0.10 traces it.
+PSUM_SCATTER_IN_PARTIAL_MANUAL = tuple(int(v) for v in jax.__version__.split(".")[:2]) < (0, 11)
+
+
 def ppermute_needs_mesh_order() -> bool:
   """Whether ``lax.ppermute`` refuses a tuple of axes not in the mesh's order (jax 0.12's
   ``jax_raise_on_ppermute_sort_diff``)."""

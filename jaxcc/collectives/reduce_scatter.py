@@ -12,7 +12,7 @@ from jaxcc.collectives import _args, _buckets
 from jaxcc.topology import Topology
 
 _API = "jaxcc.reduce_scatter"
-_LAX = {"max": lax.pmax, "min": lax.pmin}
+_LAX = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = True,
@@ -123,7 +123,9 @@ def _run(*xs, scatter_dimension, tiled, op, platform, route_nbytes, **params):
   axis_name, p = params["axis_name"], params["axis_size"]
   route = dispatch.choose(_API, "reduce_scatter", params, platform, route_nbytes, op)
   if route.engine is dispatch.Engine.XLA:
-    if op == "sum":
+    # In a partial-manual shard_map (no group_axes) newer jax cannot trace psum_scatter: there
+    # each rank keeps its block of the psum.
+    if op == "sum" and (params["group_axes"] is not None or compat.PSUM_SCATTER_IN_PARTIAL_MANUAL):
       return list(lax.psum_scatter(list(xs), axis_name, scatter_dimension=scatter_dimension,
                                    tiled=tiled))
     return [_own_block(r, axis_name, p, scatter_dimension, tiled)
