@@ -90,6 +90,13 @@ def xla_form(x, axis_name, axis_index_groups=None) -> bool:
   return bool(compat.reduced_axes(jax.typeof(x)) & set(compat.axis_names(axis_name, "xla_form")))
 
 
+def native_leaves(leaves, dims, by_xla, axis_name) -> tuple[list[int], list, list[int]]:
+  """The leaves that do not run on lax's collective (``by_xla`` False): their indices, the
+  leaves cast to vary along the axes, and their dimensions."""
+  rest = [i for i, on_xla in enumerate(by_xla) if not on_xla]
+  return rest, [compat.make_varying(leaves[i], axis_name) for i in rest], [dims[i] for i in rest]
+
+
 def group_size(api: str, axis_index_groups, axis_size: int) -> int:
   """The ranks in each group of ``axis_index_groups`` (``axis_size`` for None), or a ValueError
   unless the groups are equal in size and split the axis' ranks, as lax requires."""

@@ -67,11 +67,9 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = True, axis_index_gr
     if by_xla[i]:
       out[i] = lax.all_gather(v, axis_name, axis_index_groups=axis_index_groups, axis=axis,
                               tiled=tiled, to=to)
-  rest = [i for i in range(len(leaves)) if not by_xla[i]]
+  rest, leaves, dims = _args.native_leaves(leaves, dims, by_xla, axis_name)
   if not rest:
     return jax.tree.unflatten(tree, out)
-  leaves = [compat.make_varying(leaves[i], axis_name) for i in rest]
-  dims = [dims[i] for i in rest]
   keys = [(v.dtype, d) for v, d in zip(leaves, dims)]  # one dimension per bucket
   # Every bucket of one call runs on one engine, chosen on the whole call's bytes: engines that
   # do not order their calls against each other must not meet within one call.
