@@ -341,7 +341,8 @@ def trace_in_shard_map(fn, p=4, shape=(8, 4), dtype=np.float32):
 
 
 @pytest.mark.parametrize("fn, error, match", [
-    (lambda b: jaxcc.all_reduce(b, "y"), NameError, "unbound axis name 'y'"),
+    (lambda b: jaxcc.all_reduce(b, "y"), NameError,
+     "unbound axis name: y. To fix this, please call all_"),
     (lambda b: jaxcc.all_reduce(b, "x", topology=Topology.uniform(3, 1.0)), ValueError,
      "topology has 3 ranks but axis 'x' has 4"),
     (lambda b: jaxcc.all_reduce(b, "x", algorithm="tree"), ValueError,

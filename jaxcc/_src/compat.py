@@ -90,8 +90,9 @@ def bound_axes(axis_name, api_name: str) -> tuple[tuple[str, int], ...]:
   for name in axis_names(axis_name, api_name):
     if not env.axis_exists(name):
       raise NameError(
-          f"{api_name}: unbound axis name {name!r}; call it inside jax.shard_map over a mesh "
-          f"with that axis (as for jax.lax.psum)")
+          f"{api_name}: Found an unbound axis name: {name}. To fix this, please call "
+          f"{api_name.rsplit('.', 1)[-1]} under `jax.shard_map` over a mesh with axis {name!r}, "
+          f"as lax's collectives")
     out.append((name, int(env.axis_size(name))))
   return tuple(out)
 
