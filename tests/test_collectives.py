@@ -376,5 +376,5 @@ def test_bad_input_fails_at_trace_time(fn, error, match):
 
 
 def test_outside_shard_map_is_a_clear_error():
-  with pytest.raises(NameError, match="inside jax.shard_map"):
+  with pytest.raises(NameError, match="please call all_reduce under `jax.shard_map`"):
     jaxcc.all_reduce(jnp.ones(3), "x")
