@@ -43,7 +43,8 @@ def test_the_cuda_module_is_built_where_nvcc_is():
   warnings as errors under CI=true) and imports without a GPU, with every target."""
   if not shutil.which(os.environ.get("CUDACXX", "nvcc")) or (
       os.environ.get("JAXCC_ENABLE_CUDA", "AUTO").upper() in ("OFF", "0", "FALSE", "NO")):
-    pytest.skip("no nvcc here: the CPU-only build")
+    pytest.skip("a CPU-only build: no nvcc here, or JAXCC_ENABLE_CUDA=OFF (make test's newest "
+                "leg; the .venv leg builds the CUDA module)")
   assert ffi.HAS_CUDA, "nvcc is on PATH but jaxcc was built without its CUDA module"
   registered = set(ffi._jaxcc_cuda.registrations())
   want = set(cuda_targets())
