@@ -10,15 +10,15 @@
 #                                              tests/ is run unless they name tests) on
 #                                              both, without `make sanitize`
 #   make test NEWEST_PYTHON=                   the .venv leg only
-#
-# The CUDA module (with nvcc) is built in .venv; the newest leg builds the CPU
-# module only (JAXCC_ENABLE_CUDA=OFF): compiling the CUDA sources once a run
-# is enough, and takes minutes.
 #   make sanitize                              the CPU module with AddressSanitizer and
 #                                              UndefinedBehaviorSanitizer, run on SANITIZE_TESTS
 #   make sanitize PYTEST_ARGS=tests/test_reduce.py  another subset, sanitized
 #   make demo                                  run examples/demo.py
 #   make install                               only (re)build and install jaxcc
+#
+# The CUDA module (with nvcc) is built in .venv; the newest leg builds the CPU
+# module only (JAXCC_ENABLE_CUDA=OFF): compiling the CUDA sources once a run
+# is enough, and takes minutes.
 #
 # .venv is created with python3.11 (else python3, which must be >= 3.11), and
 # .venv-newest with Python 3.12 (else 3.13) when PYTHON is older. jaxcc
