@@ -18,28 +18,22 @@ from jaxcc.collectives.broadcast import broadcast
 from jaxcc.collectives.reduce_scatter import reduce_scatter
 
 
-def psum(x, axis_name, *, axis_index_groups=None, **options):
-  """``lax.psum``: ``jaxcc.all_reduce(x, axis_name, op="sum")``."""
-  compat.bound_axes(axis_name, "jaxcc.psum")  # an unbound axis names this function
-  return all_reduce(x, axis_name, op="sum", axis_index_groups=axis_index_groups, **options)
+def _all_reduce_as(name: str, op: str):
+  """``lax.<name>`` as ``jaxcc.all_reduce(x, axis_name, op=op)``; an unbound axis names
+  ``jaxcc.<name>``."""
+  def reduction(x, axis_name, *, axis_index_groups=None, **options):
+    compat.bound_axes(axis_name, f"jaxcc.{name}")
+    return all_reduce(x, axis_name, op=op, axis_index_groups=axis_index_groups, **options)
+
+  reduction.__name__ = reduction.__qualname__ = name
+  reduction.__doc__ = f"``lax.{name}``: ``jaxcc.all_reduce(x, axis_name, op={op!r})``."
+  return reduction
 
 
-def pmean(x, axis_name, *, axis_index_groups=None, **options):
-  """``lax.pmean``: ``jaxcc.all_reduce(x, axis_name, op="mean")``."""
-  compat.bound_axes(axis_name, "jaxcc.pmean")  # an unbound axis names this function
-  return all_reduce(x, axis_name, op="mean", axis_index_groups=axis_index_groups, **options)
-
-
-def pmax(x, axis_name, *, axis_index_groups=None, **options):
-  """``lax.pmax``: ``jaxcc.all_reduce(x, axis_name, op="max")``."""
-  compat.bound_axes(axis_name, "jaxcc.pmax")  # an unbound axis names this function
-  return all_reduce(x, axis_name, op="max", axis_index_groups=axis_index_groups, **options)
-
-
-def pmin(x, axis_name, *, axis_index_groups=None, **options):
-  """``lax.pmin``: ``jaxcc.all_reduce(x, axis_name, op="min")``."""
-  compat.bound_axes(axis_name, "jaxcc.pmin")  # an unbound axis names this function
-  return all_reduce(x, axis_name, op="min", axis_index_groups=axis_index_groups, **options)
+psum = _all_reduce_as("psum", "sum")
+pmean = _all_reduce_as("pmean", "mean")
+pmax = _all_reduce_as("pmax", "max")
+pmin = _all_reduce_as("pmin", "min")
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False,
