@@ -29,7 +29,7 @@ def call(fn: str, x, axis_name, mesh, out_shape, **kwargs):
 
 
 def _abstract_eval(x, *, out_shape, **_):
-  return x.update(shape=out_shape), {compat.PROGRAM_ORDER}
+  return x.update(shape=out_shape), compat.NATIVE_CALL_EFFECTS
 
 
 def _lower(ctx, x, *, mesh_axes, fn, kwargs, out_shape, axis_name, group_axes):
@@ -44,4 +44,4 @@ def _lower(ctx, x, *, mesh_axes, fn, kwargs, out_shape, axis_name, group_axes):
 
 _local_p = compat.Primitive("test_local_collective")
 _local_p.def_effectful_abstract_eval(_abstract_eval)
-compat.mlir.register_lowering(_local_p, _lower, platform="cpu")
+compat.mlir.register_lowering(_local_p, _lower, platform="cpu", cacheable=False)

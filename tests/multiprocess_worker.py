@@ -11,6 +11,8 @@ collectives over clusters, back-to-back executions, the gossip exchange against 
 and processes that plan different schedules (a clear error). Prints "OK".
 MODE "kill": after one native all_reduce the last process exits; the others
 run another and print "FAILED after <s> s: <error>".
+MODE "independent": a program of many independent native collectives, XLA's among them
+and one in a scan, run RUNS times back to back; every run equals its XLA twin bit for bit.
 """
 
 import os
@@ -318,6 +320,48 @@ def check_gossip_exchange(mesh):
       assert not lost.any()
 
 
+def independent(mesh, runs):
+  """Independent collectives in one program, mixed with XLA's, dispatched ``runs`` times.
+
+  Nothing orders them by data but jaxcc's chain of native calls, so XLA:CPU's
+  thread pool may start them in any order on each device; every process must
+  still meet its peers in the same call, in every run.
+  """
+  ring = tuple((r, (r + 1) % P_ALL) for r in range(P_ALL))
+
+  def body(executor, a, b, c, d, e, f, g):
+    kw = dict(executor=executor)
+    def step(h, _):
+      return jaxcc.all_reduce(h, "x", algorithm="direct", **kw) * 0.5, None
+    return (jaxcc.all_reduce(a, "x", algorithm="ring", **kw),
+            lax.psum(b, "x"),
+            jaxcc.reduce_scatter(c, "x", algorithm="ring", **kw),
+            jaxcc.all_gather(d, "x", tiled=True, algorithm="direct", **kw),
+            lax.all_gather(e, "x", tiled=True),
+            jaxcc.ppermute(f, "x", ring, **kw),
+            lax.scan(step, g, None, length=2)[0],
+            jaxcc.broadcast(a, "x", root=ROOT, **kw),
+            jaxcc.all_reduce(g, "x", algorithm="optcc", **kw),
+            *(jaxcc.all_reduce(a * k, "x", algorithm="ring", **kw) for k in range(2, 8)))
+
+  rng = np.random.default_rng(9)
+  sizes = [P_ALL * n for n in (30001, 77, 6400, 5, 9, 30003, 250)]
+  xs = [put(mesh, rng.normal(size=(n,)).astype(np.float32), P("x")) for n in sizes]
+  specs = (P("x"),) * 7
+  f, twin = (jax.jit(jax.shard_map(lambda *v, e=e: body(e, *v), mesh=mesh, in_specs=specs,
+                                   out_specs=(P("x"),) * 15, check_vma=False))
+             for e in ("native", "xla"))
+  want = [shards(y) for y in twin(*xs)]
+  outs = [f(*xs) for _ in range(runs)]  # dispatched without waiting in between
+  for i, got in enumerate(outs):
+    for j, (y, w) in enumerate(zip(got, want)):
+      assert all(v.tobytes() == w[k].tobytes() for k, v in shards(y).items()), (
+          f"run {i}, output {j}: native != xla")
+  print(f"OK {runs} runs", flush=True)
+  jax.distributed.shutdown()
+  sys.exit(0)
+
+
 def kill(mesh):
   f = jax.jit(jax.shard_map(lambda b: jaxcc.all_reduce(b, "x", algorithm="ring",
                                                        executor="native"),
@@ -344,6 +388,8 @@ def main():
   mesh = jax.make_mesh((P_ALL,), ("x",))
   if MODE == "kill":
     kill(mesh)
+  if MODE == "independent":
+    independent(mesh, int(os.environ.get("RUNS", "50")))
   check_every_collective(mesh)
   check_pipelined(mesh)
   check_codecs(mesh)

@@ -26,14 +26,22 @@ WORKER = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
 TIMEOUT_S = 150 * float(os.environ.get("JAXCC_TEST_TIMEOUT_SCALE", "1"))
 
 
-def launch(mode, **env):
-  """Run the worker as 4 processes of 2 CPU devices; each one's output, by process."""
-  return launcher.launch(WORKER, [mode], nproc=4, local_devices=2, env=env, timeout_s=TIMEOUT_S)
+def launch(mode, local_devices=2, **env):
+  """Run the worker as 4 processes of ``local_devices`` CPU devices; each one's output, by
+  process."""
+  return launcher.launch(WORKER, [mode], nproc=4, local_devices=local_devices, env=env,
+                         timeout_s=TIMEOUT_S)
 
 
 def test_every_collective_and_algorithm_matches_xla_and_lax():
   for p in launch("check", JAXCC_TIMEOUT_S="30"):
     assert "OK" in p.stdout, f"process {p.rank}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("local_devices", [1, 2])
+def test_independent_collectives_meet_in_the_same_call_in_50_runs(local_devices):
+  for p in launch("independent", local_devices, JAXCC_TIMEOUT_S="30", RUNS="50"):
+    assert "OK 50 runs" in p.stdout, f"process {p.rank}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
 
 
 def test_a_killed_process_fails_its_peers_naming_it_within_the_timeout():

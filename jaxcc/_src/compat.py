@@ -8,6 +8,7 @@ changes.
 from __future__ import annotations
 
 import contextvars
+import threading
 from typing import Callable
 
 import jax
@@ -19,6 +20,7 @@ from jax._src import distributed as _distributed
 from jax._src import effects as _effects
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad, batching, mlir  # noqa: F401  (re-exported)
+from jax._src.lib.mlir import ir
 from jax.extend.core import Primitive  # noqa: F401  (re-exported)
 
 NamedAxisEffect = _core.NamedAxisEffect
@@ -27,12 +29,20 @@ instantiate_zeros = ad.instantiate_zeros
 linear_jvp = ad.linear_jvp
 
 
-class ProgramOrderEffect(_effects.Effect):
-  """The effect of every jaxcc collective: XLA threads one token through them all.
+# jaxlib 0.10's CPU client runs several executions of a multi-device program at once: a native
+# call of a later execution can hold a thread that a rank of an earlier one needs (a stall until
+# the timeout, tests/test_local_executor.py). From 0.11 it launches them one after another.
+EXECUTIONS_OVERLAP = tuple(int(v) for v in jax.__version__.split(".")[:2]) < (0, 11)
 
-  An ordered effect, so each device runs its jaxcc collectives in program
-  order (inside scans and conds too) and executions of jitted programs run
-  in dispatch order: the native executor's peers always meet in the same call.
+
+class ProgramOrderEffect(_effects.Effect):
+  """The effect of jaxcc's native collectives where executions overlap (``EXECUTIONS_OVERLAP``).
+
+  An ordered effect: XLA threads one token through them all, so each device
+  runs its native calls in program order (inside scans and conds too), and
+  executions wait for the previous one's token. It costs jax's asynchronous
+  dispatch: a program with an effect is dispatched on jax's Python path and
+  waits for its token.
   """
 
   def __str__(self):
@@ -46,6 +56,10 @@ for _kind in (_effects.ordered_effects, _effects.shardable_ordered_effects,
   _kind.add_type(ProgramOrderEffect)
 
 
+# The effects of a native FFI call's primitive (bound inside a jaxcc collective's lowering).
+NATIVE_CALL_EFFECTS = frozenset({PROGRAM_ORDER}) if EXECUTIONS_OVERLAP else frozenset()
+
+
 def reset_program_order() -> None:
   """Drop this thread's ``PROGRAM_ORDER`` token: the next program starts a fresh chain.
 
@@ -55,23 +69,49 @@ def reset_program_order() -> None:
   _dispatch.runtime_tokens.current_tokens.pop(PROGRAM_ORDER, None)
 
 
-def ordered_ffi_lowering(target: str, **kwargs) -> Callable:
-  """The lowering rule of an FFI call that takes and returns the ``PROGRAM_ORDER`` token.
+def chained_ffi_lowering(target: str, **kwargs) -> Callable:
+  """The lowering rule of a native collective's FFI call, in program order.
 
-  The token is the call's first operand and first result; ``kwargs`` go to
-  ``jax.ffi.ffi_lowering`` (operand indices count the token).
+  The call's first operand and first result are tokens. With jaxcc's effect
+  (``EXECUTIONS_OVERLAP``) it is the effect's token. Otherwise the call takes
+  the token of the previous native call lowered into the same block (a fresh
+  one for the block's first) and leaves its own for the next: XLA runs a
+  block's native calls in program order on every device, with no jax effect,
+  so the program keeps jax's asynchronous dispatch. The primitive, and the
+  primitives whose lowering binds it, are registered with ``cacheable=False``:
+  a cached lowering is emitted into a function of its own, where the chain
+  would start afresh. ``kwargs`` go to ``jax.ffi.ffi_lowering`` (operand
+  indices count the token).
   """
   lower = jax.ffi.ffi_lowering(target, **kwargs)
 
   def rule(ctx, *args, **attrs):
-    token = ctx.tokens_in.get(PROGRAM_ORDER)
     with_token = ctx.replace(avals_in=[_core.abstract_token, *ctx.avals_in],
                              avals_out=[_core.abstract_token, *ctx.avals_out])
-    token, *outs = lower(with_token, token, *args, **attrs)
-    ctx.set_tokens_out(mlir.TokenSet({PROGRAM_ORDER: token}))
+    if PROGRAM_ORDER in ctx.tokens_in.effects():
+      token, *outs = lower(with_token, ctx.tokens_in.get(PROGRAM_ORDER), *args, **attrs)
+      ctx.set_tokens_out(mlir.TokenSet({PROGRAM_ORDER: token}))
+      return outs
+    chain = _block_chain(ctx)
+    block = ir.InsertionPoint.current.block
+    token = chain.get(block)
+    token, *outs = lower(with_token, mlir.create_token() if token is None else token, *args,
+                         **attrs)
+    chain[block] = token
     return outs
 
   return rule
+
+
+_chains = threading.local()
+
+
+def _block_chain(ctx) -> dict:
+  """The last native call's token of each block of the module being lowered."""
+  module = ctx.module_context.module
+  if getattr(_chains, "module", None) is not module:
+    _chains.module, _chains.tokens = module, {}
+  return _chains.tokens
 
 
 def axis_names(axis_name, api_name: str) -> tuple[str, ...]:
@@ -297,26 +337,28 @@ def register(prim, abstract_eval, run, transpose, batcher, jvp=None) -> None:
   """Register an effectful abstract eval, lowerings, a linear transpose and a batcher for a
   primitive with any number of operands and as many results.
 
-  ``abstract_eval`` returns the list of result avals and the effects; the
-  program-order effect (``PROGRAM_ORDER``) is added when the param
-  ``ordered`` says the collective may run on a native engine, whose peers
-  must meet in the same call (``dispatch.needs_order``). Collectives left to
-  XLA carry no token: a token costs each execution a wait on the previous one
-  (and a partial-manual shard_map cannot place one). ``run(*args, platform,
-  **params)`` is the body lowered with ``platform`` "cpu", "cuda" or None
-  (any other). ``jvp`` replaces the linear rule's tangent (for reductions
-  that are not linear, e.g. max).
+  ``abstract_eval`` returns the list of result avals and the effects. Where
+  executions overlap (``EXECUTIONS_OVERLAP``) the program-order effect is
+  added when the param ``ordered`` says the collective may run on a native
+  engine (``dispatch.needs_order``); collectives left to XLA carry no token (a
+  token costs each execution a wait on the previous one, and a partial-manual
+  shard_map cannot place one). Elsewhere native calls are ordered by data
+  (``chained_ffi_lowering``). ``run(*args, platform, **params)`` is the body
+  lowered with ``platform`` "cpu", "cuda" or None (any other), uncached so
+  that the native calls it binds join their block's chain. ``jvp`` replaces
+  the linear rule's tangent (for reductions that are not linear, e.g. max).
   """
   def ordered_abstract_eval(*args, **params):
     outs, effects = abstract_eval(*args, **params)
-    return outs, (effects | {PROGRAM_ORDER}) if params["ordered"] else effects
+    ordered = EXECUTIONS_OVERLAP and params["ordered"]
+    return outs, (effects | {PROGRAM_ORDER}) if ordered else effects
 
   prim.multiple_results = True
   prim.def_effectful_abstract_eval(ordered_abstract_eval)
   prim.def_impl(_unmapped_impl(prim.name))
-  mlir.register_lowering(prim, lower_in_axis_env(run, platform=None))
-  mlir.register_lowering(prim, lower_in_axis_env(run, platform="cpu"), platform="cpu")
-  mlir.register_lowering(prim, lower_in_axis_env(run, platform="cuda"), platform="cuda")
+  for platform in (None, "cpu", "cuda"):
+    mlir.register_lowering(prim, lower_in_axis_env(run, platform=platform), platform=platform,
+                           cacheable=False)
   ad.deflinear2(prim, transpose)
   if jvp is not None:
     ad.primitive_jvps[prim] = jvp

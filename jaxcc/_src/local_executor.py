@@ -22,12 +22,13 @@ Each function is called inside the lowering of a jaxcc primitive, with its
 axes bound (as ``native_executor.run_schedule`` is): ``axis_name`` is one mesh
 axis or a tuple of them (ranks in ``lax.axis_index`` order), ``group_axes``
 the other manual mesh axes as (name, size), in mesh order. Calls take and
-return the program-order token (``compat.PROGRAM_ORDER``), so every device
-runs its jaxcc collectives in program order, and one execution's calls on a
-device never overlap the next one's (without the token, XLA:CPU may run
-several executions of a program on one device at once, and blocked calls of
-a later one can hold the threads that an earlier one's ranks need: a stall
-until the timeout). Every wait ends within
+return a token (``compat.chained_ffi_lowering``), so every device runs its
+native calls in program order; on jax 0.10 it is the program-order effect's,
+which also keeps one execution's calls on a device from overlapping the
+next one's (that XLA:CPU runs several executions of a program at once, and
+blocked calls of a later one can hold the threads that an earlier one's
+ranks need: a stall until the timeout; newer clients launch them one after
+another). Every wait ends within
 ``JAXCC_TIMEOUT_S`` (``config.timeout_s``) with an error naming the rank that
 never arrived.
 """
@@ -165,13 +166,13 @@ def _check_dimension(api: str, name: str, dim, ndim: int) -> int:
   return int(dim) % ndim
 
 
-# The FFI call as a primitive with jaxcc's ordered effect: its lowering takes and returns the
-# program-order token (the handler's first operand and result).
+# The FFI call as a primitive; its lowering orders it after the previous native call (the
+# token is the handler's first operand and result).
 local_collective_p = compat.Primitive("jaxcc_local_collective")
 local_collective_p.def_effectful_abstract_eval(
     lambda x, rank, group, *, out_shape, **_: (x.update(shape=out_shape),
-                                               {compat.PROGRAM_ORDER}))
-_lower_ffi = compat.ordered_ffi_lowering("jaxcc_local_collective", has_side_effect=True)
+                                               compat.NATIVE_CALL_EFFECTS))
+_lower_ffi = compat.chained_ffi_lowering("jaxcc_local_collective", has_side_effect=True)
 
 
 def _lower(ctx, x, rank, group, *, out_shape, sources, **attrs):
@@ -180,4 +181,4 @@ def _lower(ctx, x, rank, group, *, out_shape, sources, **attrs):
                     **{k: np.int64(v) for k, v in attrs.items()})
 
 
-compat.mlir.register_lowering(local_collective_p, _lower, platform="cpu")
+compat.mlir.register_lowering(local_collective_p, _lower, platform="cpu", cacheable=False)

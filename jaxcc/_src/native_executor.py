@@ -21,11 +21,15 @@ encoded there too. Op ids
 count call sites in lowering order, so every process must lower the same
 programs in the same order (any SPMD program does).
 
-Program order: the call takes and returns the token of jaxcc's ordered
-effect (``compat.PROGRAM_ORDER``), so every device runs its jaxcc
-collectives in program order and executions in dispatch order. A failed
+Program order (``compat.chained_ffi_lowering``): the call takes the token of
+the previous native call lowered into its block and returns its own, so every
+device runs a block's native calls in program order, with no jax effect: the
+program keeps jax's asynchronous dispatch, and a failed call fails its
+program only. On jax 0.10, whose CPU client runs executions of a program at
+once (``compat.EXECUTIONS_OVERLAP``), the token is that of jaxcc's ordered
+effect (``compat.PROGRAM_ORDER``), which also orders executions; a failed
 call fails the later jaxcc programs of the process with the same error (the
-runtime token carries it), as a broken communicator would.
+runtime token carries it) until ``jaxcc.recover``.
 """
 
 from __future__ import annotations
@@ -161,12 +165,12 @@ class ArrayAttr:
     self.array = array
 
 
-# The FFI call as a primitive with jaxcc's ordered effect: its lowering takes and returns the
-# program-order token (the handler's first operand and result).
+# The FFI call as a primitive; its lowering orders it after the previous native call (the
+# token is the handler's first operand and result).
 collective_p = compat.Primitive("jaxcc_collective")
 collective_p.def_effectful_abstract_eval(
-    lambda buf, rank, group, **_: (buf, {compat.PROGRAM_ORDER}))
-_lower_ffi = compat.ordered_ffi_lowering("jaxcc_collective", operand_output_aliases={1: 1},
+    lambda buf, rank, group, **_: (buf, compat.NATIVE_CALL_EFFECTS))
+_lower_ffi = compat.chained_ffi_lowering("jaxcc_collective", operand_output_aliases={1: 1},
                                          has_side_effect=True)
 
 
@@ -176,7 +180,8 @@ def _lower_collective(ctx, *args, **attrs):
 
 
 for _platform in ("cpu", "cuda"):
-  compat.mlir.register_lowering(collective_p, _lower_collective, platform=_platform)
+  compat.mlir.register_lowering(collective_p, _lower_collective, platform=_platform,
+                                cacheable=False)
 
 
 def process_map(axis_name, group_axes: tuple[tuple[str, int], ...]) -> np.ndarray | None:
