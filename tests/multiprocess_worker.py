@@ -12,7 +12,8 @@ and processes that plan different schedules (a clear error). Prints "OK".
 MODE "kill": after one native all_reduce the last process exits; the others
 run another and print "FAILED after <s> s: <error>".
 MODE "independent": a program of many independent native collectives, XLA's among them
-and one in a scan, run RUNS times back to back; every run equals its XLA twin bit for bit.
+and one in a scan, and a second program of two, run alternately RUNS times each back to back;
+every execution equals its XLA twin bit for bit.
 """
 
 import os
@@ -321,11 +322,13 @@ def check_gossip_exchange(mesh):
 
 
 def independent(mesh, runs):
-  """Independent collectives in one program, mixed with XLA's, dispatched ``runs`` times.
+  """Independent collectives in one program, mixed with XLA's, dispatched ``runs`` times
+  alternately with a second program of native collectives.
 
   Nothing orders them by data but jaxcc's chain of native calls, so XLA:CPU's
   thread pool may start them in any order on each device; every process must
-  still meet its peers in the same call, in every run.
+  still meet its peers in the same call, in every run, and run the programs
+  in the order they were dispatched.
   """
   ring = tuple((r, (r + 1) % P_ALL) for r in range(P_ALL))
 
@@ -344,19 +347,30 @@ def independent(mesh, runs):
             jaxcc.all_reduce(g, "x", algorithm="optcc", **kw),
             *(jaxcc.all_reduce(a * k, "x", algorithm="ring", **kw) for k in range(2, 8)))
 
+  def other(executor, a, f):  # a second program, dispatched between the first's runs
+    kw = dict(executor=executor)
+    return (jaxcc.all_gather(f, "x", tiled=True, algorithm="ring", **kw),
+            jaxcc.all_reduce(a, "x", algorithm="direct", **kw))
+
   rng = np.random.default_rng(9)
   sizes = [P_ALL * n for n in (30001, 77, 6400, 5, 9, 30003, 250)]
   xs = [put(mesh, rng.normal(size=(n,)).astype(np.float32), P("x")) for n in sizes]
-  specs = (P("x"),) * 7
-  f, twin = (jax.jit(jax.shard_map(lambda *v, e=e: body(e, *v), mesh=mesh, in_specs=specs,
-                                   out_specs=(P("x"),) * 15, check_vma=False))
-             for e in ("native", "xla"))
+  programs = []
+  for fn, n_in, n_out in ((body, 7, 15), (other, 2, 2)):
+    programs.append([jax.jit(jax.shard_map(lambda *v, e=e, fn=fn: fn(e, *v), mesh=mesh,
+                                           in_specs=(P("x"),) * n_in,
+                                           out_specs=(P("x"),) * n_out, check_vma=False))
+                     for e in ("native", "xla")])
+  (f, twin), (g, g_twin) = programs
   want = [shards(y) for y in twin(*xs)]
-  outs = [f(*xs) for _ in range(runs)]  # dispatched without waiting in between
-  for i, got in enumerate(outs):
-    for j, (y, w) in enumerate(zip(got, want)):
+  g_want = [shards(y) for y in g_twin(xs[0], xs[5])]
+  outs = []
+  for _ in range(runs):  # dispatched without waiting in between
+    outs += [(f(*xs), want), (g(xs[0], xs[5]), g_want)]
+  for i, (got, expected) in enumerate(outs):
+    for j, (y, w) in enumerate(zip(got, expected)):
       assert all(v.tobytes() == w[k].tobytes() for k, v in shards(y).items()), (
-          f"run {i}, output {j}: native != xla")
+          f"execution {i}, output {j}: native != xla")
   print(f"OK {runs} runs", flush=True)
   jax.distributed.shutdown()
   sys.exit(0)

@@ -4,8 +4,8 @@ Each native engine is compared with XLA's own collective at the size of the
 call, from times measured side by side on the machines jaxcc runs on: the
 byte ranges (per rank, as ``jaxcc bench sweep`` counts them: the full buffer,
 all_gather's output) in which the native engine was faster. Within one
-process that is the in-process path (``local_executor``, with the
-program-order token it needs: about 0.2 ms per execution) against XLA:CPU's
+process that is the in-process path (``local_executor``; on jax 0.10 with the
+program-order effect it needs there: about 0.2 ms per execution) against XLA:CPU's
 collective (``benchmarks/local_collectives.py``); across CPU processes the
 native interpreter over TCP against gloo on equal ports (``jaxcc bench sweep
 --nproc 4``). Unequal ports are the native engine's whole point: there the

@@ -62,8 +62,8 @@ class Route:
 def needs_order(api: str, collective: str, params: dict, nbytes: int, op: str = "sum") -> bool:
   """Whether the collective may run on a native engine, decided when it is traced.
 
-  Native peers meet in program order (a token through every native call,
-  ``compat.PROGRAM_ORDER``); a collective left to XLA carries no token. The
+  Native peers meet in program order (a token through every native call:
+  ``compat.chained_ffi_lowering``); a collective left to XLA carries none. The
   platform is jax's default backend and the processes those of the job; the
   lowering (``choose``) decides again with the mesh's devices, and runs a
   collective traced without the token on XLA.

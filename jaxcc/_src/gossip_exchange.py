@@ -20,8 +20,8 @@ one process).
 Order: each call takes an ``after`` value and runs once it is computed;
 ``done`` follows its ``start`` through the handle. Every process runs a call
 site's exchanges in the same order (its programs' order), and a done waits
-only for starts, which never wait, so exchanges cannot deadlock. Unlike
-jaxcc's collectives they carry no program-order token: a jax effect makes
+only for starts, which never wait, so exchanges cannot deadlock. Like jaxcc's
+native collectives on jax >= 0.11 they carry no jax effect: an effect makes
 XLA:CPU run the whole program synchronously, measured 1.5x slower for the
 char transformer's inner step.
 """
