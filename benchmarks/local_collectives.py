@@ -11,11 +11,11 @@ baselines: ``psum``, ``psum_scatter(tiled=True)``, ``all_gather(tiled=True)``,
 ``ppermute``. A third variant, "lax+order", is the same lax collective inside
 a jaxcc primitive (``algorithm="lax"``; for ppermute ``jaxcc.ppermute``,
 which runs lax.ppermute within a process): it pays what a jaxcc collective
-pays around the communication (the program-order effect: JAX dispatches a
-program with an ordered effect on its slower Python path), so local /
-lax+order compares the in-process handler with XLA's collective at equal
-overhead. Writes ``local_collectives.json`` and ``local_collectives.png``
-next to this file.
+pays around the communication (on jax 0.10 the program-order effect: JAX
+dispatches a program with an ordered effect on its slower Python path), so
+local / lax+order compares the in-process handler with XLA's collective at
+equal overhead. Writes ``local_collectives_<jax version>.json`` and ``.png``
+next to this file (``costs.LOCAL_RANGE`` holds what they show).
 Run: ``.venv/bin/python benchmarks/local_collectives.py``.
 """
 
@@ -122,9 +122,10 @@ def main():
             f" {row['ratio']:>9.2f} {row['ratio_vs_ordered_lax']:>10.2f}", flush=True)
       results.append(row)
       del x, fns
-  out = HERE / "local_collectives.json"
-  out.write_text(json.dumps({"devices": P_RANKS, "repeats": args.repeats, "results": results},
-                            indent=1))
+  out = f"local_collectives_{jax.__version__}"
+  (HERE / f"{out}.json").write_text(json.dumps(
+      {"jax": jax.__version__, "devices": P_RANKS, "repeats": args.repeats, "results": results},
+      indent=1))
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -139,10 +140,10 @@ def main():
   ax.set_xscale("log", base=2)
   ax.set_xlabel("bytes per rank")
   ax.set_ylabel("in-process time / lax time (medians)")
-  ax.set_title(f"in-process executor vs lax, {P_RANKS} CPU devices")
+  ax.set_title(f"in-process executor vs lax, {P_RANKS} CPU devices, jax {jax.__version__}")
   ax.legend()
   fig.tight_layout()
-  fig.savefig(HERE / "local_collectives.png", dpi=120)
+  fig.savefig(HERE / f"{out}.png", dpi=120)
 
 
 if __name__ == "__main__":

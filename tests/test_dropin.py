@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxcc
 from jaxcc._src import compat
+from jaxcc._src import costs
 
 SEED = np.random.SeedSequence().entropy
 COUNTS = (1, 3, 8)
@@ -349,8 +350,9 @@ def _entry(compiled_text):
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "ppermute"])
-def test_auto_in_process_compiles_to_lax_program(collective):
-  """In one process auto picks XLA's own collective at these sizes: the same compiled program."""
+def test_auto_in_process_compiles_to_lax_program_where_xla_is_faster(collective):
+  """In one process auto picks XLA's own collective where the cost model says XLA is faster
+  (the same compiled program as lax's) and the in-process path elsewhere."""
   p = 8
   mesh = jax.make_mesh((p,), ("x",), devices=jax.devices()[:p])
   perm = [(i, (i + 1) % p) for i in range(p)]
@@ -362,9 +364,13 @@ def test_auto_in_process_compiles_to_lax_program(collective):
                                                                                  tiled=True)),
       "ppermute": (lambda b: jaxcc.ppermute(b, "x", perm), lambda b: lax.ppermute(b, "x", perm)),
   }[collective]
-  for n in (1024, 1 << 18):
-    x = jax.device_put(jnp.ones((p * n,), jnp.float32), NamedSharding(mesh, P("x")))
+  for n in (1024, 1 << 18, 1 << 23):  # elements per rank: 4 KiB to 32 MiB
+    x = jax.ShapeDtypeStruct((p * n,), jnp.float32, sharding=NamedSharding(mesh, P("x")))
     texts = [_entry(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
                                           check_vma=False)).lower(x).compile().as_text())
              for f in (ours, theirs)]
-    assert texts[0] == texts[1]
+    nbytes = 4 * n * (p if collective == "all_gather" else 1)
+    if costs.local_beats_xla(collective, nbytes):
+      assert "custom_call_target=\"jaxcc_" in texts[0], (collective, nbytes)
+    else:
+      assert texts[0] == texts[1], (collective, nbytes)

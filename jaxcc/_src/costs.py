@@ -4,9 +4,10 @@ Each native engine is compared with XLA's own collective at the size of the
 call, from times measured side by side on the machines jaxcc runs on: the
 byte ranges (per rank, as ``jaxcc bench sweep`` counts them: the full buffer,
 all_gather's output) in which the native engine was faster. Within one
-process that is the in-process path (``local_executor``; on jax 0.10 with the
-program-order effect it needs there: about 0.2 ms per execution) against XLA:CPU's
-collective (``benchmarks/local_collectives.py``); across CPU processes the
+process that is the in-process path (``local_executor``) against XLA:CPU's
+collective (``benchmarks/local_collectives.py``), per jax: on jax 0.10 the
+path pays the program-order effect (about 0.2 ms per execution, and
+synchronous dispatch), from 0.11 it pays nothing beside the call; across CPU processes the
 native interpreter over TCP against gloo on equal ports (``jaxcc bench sweep
 --nproc 4``). Unequal ports are the native engine's whole point: there the
 planner prices its schedules (``dispatch``, ``planner.price``).
@@ -14,12 +15,24 @@ planner prices its schedules (``dispatch``, ``planner.price``).
 
 from __future__ import annotations
 
+from jaxcc._src import compat
+
 _NEVER = (0, 0)
 _ALWAYS = (0, float("inf"))
 
 # [lo, hi) bytes per rank where the in-process path beat XLA's in-process collective (8 virtual
-# CPU devices on 2 cores). Broadcast has no XLA collective: XLA's is an all_gather and a slice.
+# CPU devices on 2 cores, benchmarks/local_collectives_<jax version>.json). Broadcast has no XLA
+# collective: XLA's is an all_gather and a slice, or an all-reduce of the root's bits.
+# jax >= 0.11: 0.66-0.90x XLA's time up to 4 MiB; from 16 MiB all_gather loses (1.04-1.37x),
+# ppermute and all_reduce tie (0.83-1.18x in repeated runs).
 LOCAL_RANGE = {
+    "all_reduce": (0, 8 << 20),
+    "reduce_scatter": _ALWAYS,
+    "all_gather": (0, 8 << 20),
+    "broadcast": _ALWAYS,
+    "ppermute": (0, 8 << 20),
+}
+LOCAL_RANGE_WITH_EFFECT = {  # jax 0.10: the program-order effect's cost outweighs the gain
     "all_reduce": _NEVER,
     "reduce_scatter": (32 << 20, float("inf")),
     "all_gather": _NEVER,
@@ -47,7 +60,7 @@ NETWORK_BOUND = 100e6
 
 
 def local_beats_xla(collective: str, nbytes: int) -> bool:
-  lo, hi = LOCAL_RANGE[collective]
+  lo, hi = (LOCAL_RANGE_WITH_EFFECT if compat.EXECUTIONS_OVERLAP else LOCAL_RANGE)[collective]
   return lo <= nbytes < hi
 
 
