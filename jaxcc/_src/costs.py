@@ -7,9 +7,9 @@ all_gather's output) in which the native engine was faster. Within one
 process that is the in-process path (``local_executor``) against XLA:CPU's
 collective (``benchmarks/local_collectives.py``), per jax: on jax 0.10 the
 path pays the program-order effect (about 0.2 ms per execution, and
-synchronous dispatch), from 0.11 it pays nothing beside the call; across CPU processes the
-native interpreter over TCP against gloo on equal ports (``jaxcc bench sweep
---nproc 4``). Unequal ports are the native engine's whole point: there the
+synchronous dispatch), from 0.11 nothing beside the call. Across CPU
+processes it is the native interpreter over TCP against gloo on equal ports
+(``jaxcc bench sweep --nproc 4``). Unequal ports are the native engine's whole point: there the
 planner prices its schedules (``dispatch``, ``planner.price``).
 """
 
