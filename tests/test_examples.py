@@ -10,6 +10,8 @@ import pytest
 
 from jaxcc import testbed
 
+pytestmark = pytest.mark.multiprocess
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
