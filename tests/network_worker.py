@@ -4,7 +4,8 @@ Usage: ``python network_worker.py CONFIG_JSON`` with ``{"calls", "fault", "progr
 before call ``fault`` process 0 writes it to ``progress`` and every process waits
 a second (the parent changes a link meanwhile). Every result is checked against
 numpy. Prints ``{"process", "events", "send_bandwidth", "seconds", "traced"}`` (the send
-bandwidths of each topology a trace planned on).
+bandwidths of each topology a trace planned on). With ``{"probes": n}`` instead it runs
+``n`` probes back to back and prints ``{"process", "probe_seconds"}``.
 """
 
 import json
@@ -19,13 +20,18 @@ from jax.sharding import PartitionSpec as P
 
 import jaxcc
 from jaxcc.launcher import join
-from jaxcc.network import active
+from jaxcc.network import active, native_probe
 
 
 def main():
   cfg = json.loads(sys.argv[1])
   join()
   me, n = jax.process_index(), jax.process_count()
+  if "probes" in cfg:
+    seconds = [native_probe.probe().seconds for _ in range(cfg["probes"])]
+    print(json.dumps({"process": me, "probe_seconds": seconds}), flush=True)
+    jax.distributed.shutdown()
+    return
   mesh = jax.make_mesh((n,), ("x",))
   net = jaxcc.network.MeasuredNetwork(mesh, "x", budget=0.05)
   traced = []

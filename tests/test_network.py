@@ -32,6 +32,15 @@ def test_a_measured_loop_on_loopback_plans_on_its_probe_and_every_process_agrees
   assert 1 <= len(set(traced)) == len(traced) <= used + 1, (traced, events)
 
 
+def test_probes_back_to_back_never_stall_a_receiver():
+  """Thirty probes in a row on loopback, 8 MiB frames in each second pass: a frame whose last byte
+  was its receiver's last read of a round stalled it until the timeout (1 probe in 4)."""
+  out = [p.json() for p in launcher.launch(
+      WORKER, [json.dumps({"probes": 30})], nproc=3, timeout_s=120,
+      env={"JAXCC_TIMEOUT_S": "20"})]
+  assert all(len(o["probe_seconds"]) == 30 for o in out), out
+
+
 def test_a_tc_change_is_found_within_a_few_calls_and_the_next_calls_use_the_new_plan():
   require()
   fault, calls = 4, 16

@@ -560,7 +560,7 @@ bool Engine::Admit(int q) {
 
 void Engine::Read(int q) {
   Conn& c = conns[q];
-  for (size_t budget = 4 * kStripe; budget > 0;) {
+  for (size_t budget = 4 * kStripe;;) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (c.fd < 0 || !c.error.empty() || c.parked) return;
@@ -571,6 +571,9 @@ void Engine::Read(int q) {
       Finish(q);
       continue;
     }
+    // A frame whose last byte came with the budget's is admitted and finished above first: the
+    // socket may hold nothing more, and poll would not call this again for it.
+    if (budget == 0) return;
     char* into;
     size_t want;
     if (c.header_got < kHead) {
