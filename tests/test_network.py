@@ -34,7 +34,7 @@ def test_a_measured_loop_on_loopback_plans_on_its_probe_and_every_process_agrees
 
 def test_probes_back_to_back_never_stall_a_receiver():
   """Thirty probes in a row on loopback, 8 MiB frames in each second pass: a frame whose last byte
-  was its receiver's last read of a round stalled it until the timeout (1 probe in 4)."""
+  ended a read's byte budget once stalled its receiver until the timeout (1 probe in 4)."""
   out = [p.json() for p in launcher.launch(
       WORKER, [json.dumps({"probes": 30})], nproc=3, timeout_s=120,
       env={"JAXCC_TIMEOUT_S": "20"})]
