@@ -4,24 +4,30 @@ It sits above the algorithms and the IR (``jaxcc.schedules``) and the
 simulator (``jaxcc.sim``): ``algorithm="auto"`` is the candidate of
 ``AUTO_CANDIDATES`` with the smallest ``price``: simulated for small tables,
 modelled in closed form for large ones. ``schedule`` is the one
-way to get a schedule; ``plan`` is it in bytes (the public ``jaxcc.plan``).
+way to get a schedule; ``plan`` is it in bytes (the public ``jaxcc.plan``);
+``rank_schedule`` its part for the ranks of one process, planned without the whole table
+where the algorithm allows.
 Every error names ``api``, the public function the user called.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+
+import numpy as np
 
 from jaxcc import sim
-from jaxcc.schedules.depth import MIN_PIECE_BYTES, choose_chunks
+from jaxcc.schedules.depth import depth_limit
 from jaxcc.schedules.direct import direct, direct_broadcast
 from jaxcc.schedules.hierarchical import hierarchical
-from jaxcc.schedules.ir import Schedule, check_perm
-from jaxcc.schedules.optcc import optcc, transfers_per_chunk
+from jaxcc.schedules.ir import TABLE_VERSION, RankSchedule, Schedule, check_perm
+from jaxcc.schedules.optcc import messages_per_chunk, optcc, orderings
 from jaxcc.schedules.permute import permute
 from jaxcc.schedules.r2ccl import r2ccl
 from jaxcc.schedules.ring import chain_broadcast, ring
-from jaxcc.sim.model import MODELLED, model_time
+from jaxcc.sim.model import MODELLED, model_time, pipeline_time
 from jaxcc.topology import Topology
 
 ALGORITHMS = {
@@ -37,6 +43,11 @@ ALGORITHMS = {
 AUTO_CANDIDATES = MODELLED
 # "auto" simulates candidates of at most this many transfers; larger ones it models.
 SIMULATED_TRANSFERS = 1 << 14
+# OptCC's orderings (``optcc.orderings``) are simulated for tables of at most this many rows.
+PRICED_ORDERINGS = 1 << 19
+# The algorithms whose builders plan some ranks' rows without the whole table (flat topologies).
+LOCAL = {"all_reduce": ("ring", "direct", "optcc"), "reduce_scatter": ("ring", "direct"),
+         "all_gather": ("ring", "direct")}
 
 
 def plan(collective: str, nbytes: int, topology: Topology, algorithm: str = "auto", *,
@@ -83,9 +94,33 @@ def schedule(collective: str, length: int, itemsize: int, topology: Topology, al
                                   chunks, perm, api)
   if algorithm == "auto":
     algorithm = _pick(collective, length, itemsize, topology, root, chunks, perm, api)
-  chunks = chunks or depth(collective, length, itemsize, topology, algorithm)
+  chunks = chunks or depth(collective, length, itemsize, topology, algorithm, root=root,
+                           perm=perm)
   return _build(collective, length, itemsize, topology, algorithm, root, chunks,
                 perm).validate(api)
+
+
+def rank_schedule(collective: str, length: int, itemsize: int, topology: Topology,
+                  algorithm: str, ranks, *, root: int = 0, chunks: int | None = None, perm=None,
+                  api: str = "jaxcc.plan") -> RankSchedule:
+  """The part of ``schedule``'s schedule that ``ranks`` send or receive: what a process holding
+  them runs (``RankSchedule``, cached).
+
+  Ring, direct and OptCC on a flat topology plan those rows only, in time and memory that grow
+  with them and p, not with the whole table (``LOCAL``); the other algorithms, and every one
+  when ``ranks`` holds every rank, cut the validated whole schedule. Its ``digest`` hashes the
+  planning arguments, so every process has the same one whichever part it planned.
+  """
+  root, chunks, perm = _arguments(collective, length, itemsize, topology, algorithm, root,
+                                  chunks, perm, api)
+  ranks = _check_ranks(ranks, topology.size, api)
+  if algorithm == "auto":
+    algorithm = _pick(collective, length, itemsize, topology, root, chunks, perm, api)
+  chunks = chunks or depth(collective, length, itemsize, topology, algorithm, root=root,
+                           perm=perm)
+  if not _plans_part(collective, algorithm, topology, ranks):
+    _build(collective, length, itemsize, topology, algorithm, root, chunks, perm).validate(api)
+  return _part(collective, length, itemsize, topology, algorithm, root, chunks, perm, ranks)
 
 
 def auto_algorithm(collective: str, length: int, itemsize: int, topology: Topology, *,
@@ -103,13 +138,42 @@ def auto_algorithm(collective: str, length: int, itemsize: int, topology: Topolo
 
 
 def depth(collective: str, length: int, itemsize: int, topology: Topology, algorithm: str, *,
-          min_piece_bytes: int = MIN_PIECE_BYTES) -> int:
-  """The pipeline depth of ``algorithm``'s schedule (``choose_chunks``): OptCC's grid form
-  moves fewer transfers per chunk than the direct and ring forms, so it may go deeper.
-  ``min_piece_bytes=0`` is the fluid model's depth (no per-message cost)."""
-  transfers = transfers_per_chunk(topology.bandwidth) if algorithm == "optcc" else None
-  return choose_chunks(collective, length * itemsize, topology.size, transfers=transfers,
-                       min_piece_bytes=min_piece_bytes)
+          root: int = 0, perm=None) -> int:
+  """The pipeline depth of ``algorithm``'s schedule, a power of two within ``depth_limit``.
+
+  The depth of the least modelled time (``sim.model.pipeline_time``), which
+  trades the pipeline's fill against the topology's message costs
+  (``jaxcc.schedules.depth``); without message costs the limit. Where the
+  tables are small (``SIMULATED_TRANSFERS``) the simulator has the last
+  word: from the modelled depth the depth moves to a neighbour as long as the
+  simulator times that faster. Cached.
+  """
+  return _depth(collective, length, itemsize, topology, algorithm, root,
+                None if perm is None else tuple(map(tuple, perm)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _depth(collective, length, itemsize, topology, algorithm, root, perm) -> int:
+  if collective == "broadcast" and algorithm == "direct":
+    return 1  # one whole copy per rank: nothing to pipeline
+  rank = 2 * int(messages_per_chunk(topology.bandwidth).max()) if algorithm == "optcc" else None
+  limit = depth_limit(collective, length, topology.size, rank)
+  depths = [1 << i for i in range(limit.bit_length())]
+  i = min(range(len(depths)), key=lambda i: pipeline_time(
+      collective, algorithm, length * itemsize, topology, depths[i], root=root, perm=perm or ()))
+
+  @functools.cache
+  def simulated(k):
+    if _rows(collective, algorithm, topology.size, k) > SIMULATED_TRANSFERS:
+      return float("inf")
+    sched = _build(collective, length, itemsize, topology, algorithm, root, k, perm)
+    return sim.simulate(sched, topology).time
+
+  for step in (-1, 1):  # a depth whose table is too large to simulate stays the model's
+    while (0 <= i + step < len(depths)
+           and simulated(depths[i + step]) < simulated(depths[i]) < float("inf")):
+      i += step
+  return depths[i]
 
 
 def candidates(collective: str, topology: Topology) -> tuple[str, ...]:
@@ -181,15 +245,30 @@ def price(collective: str, length: int, itemsize: int, topology: Topology, algor
 
 def _modelled(collective: str, algorithm: str, topology: Topology, chunks: int) -> bool:
   """Whether ``price`` models the schedule: a flat topology and a table of more than
-  ``SIMULATED_TRANSFERS`` rows (counted without building it)."""
-  p = topology.size
+  ``SIMULATED_TRANSFERS`` rows."""
+  return (topology.cluster is None
+          and _rows(collective, algorithm, topology.size, chunks) > SIMULATED_TRANSFERS)
+
+
+@functools.lru_cache(maxsize=256)
+def _optcc_lags(length: int, itemsize: int, topology: Topology, chunks: int):
+  """OptCC's ordering (``optcc.orderings``) that the simulator times fastest on ``topology``
+  (ties: the first) where its table has at most ``PRICED_ORDERINGS`` rows, else the first."""
+  bw = topology.bandwidth
+  lags = orderings(bw)
+  if len(lags) == 1 or int(messages_per_chunk(bw).sum()) * chunks > PRICED_ORDERINGS:
+    return lags[0]
+  return min(lags, key=lambda lag: sim.simulate(
+      optcc(length, topology.size, itemsize, chunks, bw, lags=lag), topology).time)
+
+
+def _rows(collective: str, algorithm: str, p: int, chunks: int) -> int:
+  """The transfers of a schedule, counted without building it (the direct form's)."""
   if collective == "ppermute":
-    rows = p * chunks
-  elif collective == "broadcast":
-    rows = (p - 1) * (chunks if algorithm == "ring" else 1)
-  else:
-    rows = (2 if collective == "all_reduce" else 1) * p * (p - 1) * chunks
-  return topology.cluster is None and rows > SIMULATED_TRANSFERS
+    return p * chunks
+  if collective == "broadcast":
+    return (p - 1) * (chunks if algorithm == "ring" else 1)
+  return (2 if collective == "all_reduce" else 1) * p * (p - 1) * chunks
 
 
 def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> str:
@@ -197,7 +276,7 @@ def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> st
   if len(names) == 1:
     return names[0]
   for name in names:  # what is simulated is built and validated here, so errors name `api`
-    k = chunks or depth(collective, length, itemsize, topology, name)
+    k = chunks or depth(collective, length, itemsize, topology, name, root=root, perm=perm)
     if not _modelled(collective, name, topology, k):
       _build(collective, length, itemsize, topology, name, root, k, perm).validate(api)
   return _cheapest(collective, length, itemsize, topology, root, chunks, perm)
@@ -206,9 +285,47 @@ def _pick(collective, length, itemsize, topology, root, chunks, perm, api) -> st
 @functools.lru_cache(maxsize=256)
 def _cheapest(collective, length, itemsize, topology, root, chunks, perm) -> str:
   times = [price(collective, length, itemsize, topology, name, root=root,
-                 chunks=chunks or depth(collective, length, itemsize, topology, name), perm=perm)
+                 chunks=chunks or depth(collective, length, itemsize, topology, name, root=root,
+                                        perm=perm), perm=perm)
            for name in candidates(collective, topology)]
   return candidates(collective, topology)[times.index(min(times))]
+
+
+def _check_ranks(ranks, p: int, api: str) -> tuple[int, ...]:
+  """``ranks`` sorted, each once, as the cache keys them."""
+  try:
+    out = tuple(sorted({int(r) for r in np.asarray(ranks).reshape(-1)}))
+  except (TypeError, ValueError):
+    raise ValueError(f"{api}: ranks must be integers, got {ranks!r}") from None
+  if not out or out[0] < 0 or out[-1] >= p:
+    raise ValueError(f"{api}: ranks must be ranks in [0, {p}), at least one, got {ranks!r}")
+  return out
+
+
+def _plans_part(collective: str, algorithm: str, topology: Topology, ranks) -> bool:
+  """Whether ``rank_schedule`` plans the rows of ``ranks`` without the whole table."""
+  return (len(ranks) < topology.size and topology.cluster is None
+          and algorithm in LOCAL.get(collective, ()))
+
+
+@functools.lru_cache(maxsize=64)
+def _part(collective, length, itemsize, topology, algorithm, root, chunks, perm,
+          ranks) -> RankSchedule:
+  """``rank_schedule``'s part, from validated arguments."""
+  key = (TABLE_VERSION, collective, length, itemsize, topology, algorithm, root, chunks, perm)
+  digest = hashlib.sha256(repr(key).encode()).hexdigest()
+  if not _plans_part(collective, algorithm, topology, ranks):
+    return RankSchedule.of(_build(collective, length, itemsize, topology, algorithm, root,
+                                  chunks, perm), ranks, digest, topology.cluster)
+  p = topology.size
+  if algorithm == "ring":
+    part = ring(collective, length, p, itemsize, chunks, ranks)
+  elif algorithm == "direct":
+    part = direct(collective, length, p, itemsize, chunks, ranks)
+  else:
+    part = optcc(length, p, itemsize, chunks, topology.bandwidth, ranks,
+                 _optcc_lags(length, itemsize, topology, chunks))
+  return dataclasses.replace(part, digest=digest)
 
 
 @functools.lru_cache(maxsize=256)
@@ -228,5 +345,6 @@ def _build(collective, length, itemsize, topology, algorithm, root, chunks, perm
   if algorithm == "hierarchical":
     return hierarchical(collective, length, itemsize, chunks, topology)
   if algorithm == "optcc":
-    return optcc(length, p, itemsize, chunks, topology.bandwidth)
+    return optcc(length, p, itemsize, chunks, topology.bandwidth,
+                 lags=_optcc_lags(length, itemsize, topology, chunks))
   return r2ccl(length, p, itemsize, chunks, topology.bandwidth)

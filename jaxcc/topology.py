@@ -8,6 +8,11 @@ clusters (consecutive groups of ranks with a fabric of their own): then each
 rank has a second port, across clusters, and messages between clusters go
 through the cross-cluster ports of both ends (``Topology.clusters``).
 
+Every message also holds each port it passes for a fixed time beside its
+bytes, ``message_cost[i]`` seconds at rank ``i``'s ports: the per-message work
+of the transport (a system call, a frame, a wake-up of the progress thread),
+which a deeper pipeline pays once more per piece (``MESSAGE_COST``).
+
 A Topology is immutable and hashable: it is static at trace time, so a changed
 network means one re-trace.
 """
@@ -18,13 +23,18 @@ import dataclasses
 import math
 from typing import Sequence
 
+# Seconds a message holds each port it passes beside its bytes, by default: jaxcc's TCP
+# transport's (benchmarks/message_cost.py). 0 is the fluid model (only bytes and latency).
+MESSAGE_COST = 30e-6
+
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-  """Per-rank bandwidth (bytes/s), latency (s) and optional clusters.
+  """Per-rank bandwidth (bytes/s), latency (s), message cost (s) and optional clusters.
 
   Build one with ``uniform``, ``from_bandwidths`` or ``clusters``, then mark
-  slow ranks with ``with_straggler``. In a topology of clusters
+  slow ranks with ``with_straggler``. ``message_cost`` is per rank, for its
+  ports at every level (None: ``MESSAGE_COST`` for every rank). In a topology of clusters
   ``send_bandwidth``, ``recv_bandwidth`` and ``latency`` are the ports inside a
   rank's cluster and ``inter_*`` its cross-cluster port (0: no cross-cluster
   NIC; a border rank of its cluster relays its cross-cluster traffic,
@@ -38,6 +48,7 @@ class Topology:
   inter_send_bandwidth: tuple[float, ...] | None = None
   inter_recv_bandwidth: tuple[float, ...] | None = None
   inter_latency: tuple[float, ...] | None = None
+  message_cost: tuple[float, ...] | None = None
 
   def __post_init__(self):
     names = ("send_bandwidth", "recv_bandwidth", "latency", "cluster", "inter_send_bandwidth",
@@ -45,31 +56,39 @@ class Topology:
     fields = _fields("jaxcc.Topology", *(getattr(self, n) for n in names))
     for name, value in zip(names, fields):
       object.__setattr__(self, name, value)
+    object.__setattr__(self, "message_cost",
+                       _message_cost("jaxcc.Topology", self.message_cost, self.size))
 
   @classmethod
-  def uniform(cls, p: int, bandwidth: float, latency: float = 0.0) -> Topology:
-    """``p`` ranks, each with ``bandwidth`` bytes/s both ways and ``latency`` s."""
+  def uniform(cls, p: int, bandwidth: float, latency: float = 0.0,
+              message_cost: float = MESSAGE_COST) -> Topology:
+    """``p`` ranks, each with ``bandwidth`` bytes/s both ways, ``latency`` s and
+    ``message_cost`` s per message."""
     api = "jaxcc.Topology.uniform"
     p = _check_size(api, p)
     bandwidth = _bandwidth(api, "bandwidth", bandwidth)
     latency = _latency(api, "latency", latency)
-    return cls((bandwidth,) * p, (bandwidth,) * p, (latency,) * p)
+    return cls((bandwidth,) * p, (bandwidth,) * p, (latency,) * p,
+               message_cost=_message_cost(api, message_cost, p))
 
   @classmethod
   def from_bandwidths(cls, bandwidths: Sequence[float], latency: float = 0.0,
-                      recv_bandwidths: Sequence[float] | None = None) -> Topology:
-    """One rank per entry of ``bandwidths`` (send; receive too unless given)."""
+                      recv_bandwidths: Sequence[float] | None = None,
+                      message_cost: float | Sequence[float] = MESSAGE_COST) -> Topology:
+    """One rank per entry of ``bandwidths`` (send; receive too unless given); ``message_cost``
+    one number or one per rank."""
     api = "jaxcc.Topology.from_bandwidths"
     bandwidths = tuple(bandwidths)
     recv = bandwidths if recv_bandwidths is None else tuple(recv_bandwidths)
     latency = _latency(api, "latency", latency)
     return cls(*_fields(api, bandwidths, recv, (latency,) * len(bandwidths), None, None, None,
-                        None))
+                        None), message_cost=_message_cost(api, message_cost, len(bandwidths)))
 
   @classmethod
   def clusters(cls, sizes: Sequence[int], intra_bandwidth: float | Sequence[float],
                inter_bandwidth: float | Sequence[float], latency: float = 0.0,
-               inter_latency: float | None = None) -> Topology:
+               inter_latency: float | None = None,
+               message_cost: float = MESSAGE_COST) -> Topology:
     """Ranks in consecutive clusters of ``sizes``, with a port inside and one across clusters.
 
     Args:
@@ -82,6 +101,7 @@ class Topology:
         a border rank (inter_bandwidth > 0) when there are several clusters.
       latency: seconds from port to port inside a cluster.
       inter_latency: seconds across clusters (default ``latency``).
+      message_cost: seconds a message holds each port it passes, at every level.
     """
     api = "jaxcc.Topology.clusters"
     sizes = [_check_size(api, s) for s in _sequence(api, "sizes", sizes)]
@@ -97,7 +117,7 @@ class Topology:
     inter_latency = latency if inter_latency is None else _latency(api, "inter_latency",
                                                                    inter_latency)
     return cls(tuple(intra), tuple(intra), (latency,) * p, tuple(ids), tuple(inter),
-               tuple(inter), (inter_latency,) * p)
+               tuple(inter), (inter_latency,) * p, _message_cost(api, message_cost, p))
 
   def with_straggler(self, rank: int, fraction: float, level: str = "both") -> Topology:
     """This topology with ``rank``'s port at ``fraction`` of its bandwidth both ways.
@@ -296,6 +316,19 @@ def _as_float(value) -> float:
     return float(value)
   except (TypeError, ValueError):
     return math.nan
+
+
+def _message_cost(api: str, value, p: int) -> tuple[float, ...]:
+  """Per rank seconds >= 0: ``value`` one number (None: ``MESSAGE_COST``) or one per rank."""
+  if value is None:
+    value = MESSAGE_COST
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    value = (value,) * p
+  values = _sequence(api, "message_cost", value)
+  if len(values) != p:
+    raise ValueError(f"{api}: message_cost needs one number or one per rank ({p}), got "
+                     f"{len(values)}")
+  return tuple(_latency(api, f"message_cost[{i}]", v) for i, v in enumerate(values))
 
 
 def _check_size(api: str, p) -> int:

@@ -99,19 +99,25 @@ def check_every_collective(mesh):
 def check_pipelined(mesh):
   """Buffers large enough for chunked schedules: over TCP the runner overlaps their steps.
 
-  4 MiB per rank gives 8 chunks on 8 ranks (``jaxcc.schedules.choose_chunks``); the
-  results must still equal the XLA executor's, which runs the one-chunk schedule step by step.
+  4 MiB per rank over ports of 100 MB/s gives 2 to 128 chunks on 8 ranks
+  (``jaxcc.planner.depth``); the results must still equal the XLA executor's,
+  which runs the one-chunk schedule step by step.
   """
-  topology = jaxcc.Topology.uniform(P_ALL, 1e10).with_straggler(P_ALL - 1, 0.4)
+  flat = jaxcc.Topology.uniform(P_ALL, 1e8)
+  topology = flat.with_straggler(P_ALL - 1, 0.4)
   host = np.random.default_rng(2).normal(size=(P_ALL * (1 << 20),)).astype(np.float32)
   named = [(f"all_reduce/{a}", lambda b, e, a=a: jaxcc.all_reduce(
       b, "x", algorithm=a, executor=e, topology=topology)) for a in ALL_REDUCE]
-  named += [("reduce_scatter/ring", lambda b, e: jaxcc.reduce_scatter(b, "x", executor=e,
-                                                                      algorithm="ring")),
-            ("all_gather/ring", lambda b, e: jaxcc.all_gather(b[:1 << 17], "x", executor=e,
-                                                              algorithm="ring")),
-            ("broadcast/ring", lambda b, e: jaxcc.broadcast(b, "x", root=ROOT, executor=e,
-                                                            algorithm="ring"))]
+  named += [("reduce_scatter/ring", lambda b, e: jaxcc.reduce_scatter(
+                b, "x", executor=e, algorithm="ring", topology=flat)),
+            ("all_gather/ring", lambda b, e: jaxcc.all_gather(
+                b[:1 << 17], "x", executor=e, algorithm="ring", topology=flat)),
+            ("broadcast/ring", lambda b, e: jaxcc.broadcast(
+                b, "x", root=ROOT, executor=e, algorithm="ring", topology=flat))]
+  depths = [jaxcc.planner.depth("all_reduce", 1 << 20, 4, topology, a) for a in ALL_REDUCE]
+  depths += [jaxcc.planner.depth(c, n, 4, flat, "ring") for c, n in (
+      ("reduce_scatter", 1 << 20), ("all_gather", 1 << 20), ("broadcast", 1 << 20))]
+  assert min(depths) > 1, depths
   x = put(mesh, host, P("x"))
   for name, fn in named:
     got = {}

@@ -54,7 +54,7 @@ CASES = (
     + [("broadcast", "direct", p, (), 11, 1, {"root": 1}) for p in (3, 4)]
     + [("ppermute", "direct", p, (), 11, k, {"perm": _PERMS[p]}) for p in (3, 4) for k in (1, 2)]
 )
-# What "auto" picks (at the depth choose_chunks gives): (collective, p, stragglers, nbytes).
+# What "auto" picks (at the depth planner.depth gives): (collective, p, stragglers, nbytes).
 AUTO_CASES = [
     ("all_reduce", 4, (), 4 << 10),
     ("all_reduce", 4, (), 8 << 20),

@@ -6,10 +6,9 @@ import pytest
 import jaxcc
 from jaxcc import Topology, plan, planner
 from jaxcc.planner import ALGORITHMS, auto_algorithm, schedule
-from jaxcc.schedules import COPY, REDUCE, ScheduleError, choose_chunks, optimal_shares
+from jaxcc.schedules import COPY, REDUCE, ScheduleError, depth_limit, optimal_shares
 from jaxcc.schedules import optcc as optcc_module
-from jaxcc.schedules.depth import (MAX_CHUNKS, MAX_RANK_TRANSFERS, MAX_TABLE_TRANSFERS,
-                                   MIN_PIECE_BYTES)
+from jaxcc.schedules.depth import MAX_CHUNKS, MAX_RANK_TRANSFERS
 from jaxcc.schedules.ir import DST, HEADER_LEN, SRC, TABLE_MAGIC, TABLE_VERSION, read_table
 from jaxcc.sim import check
 
@@ -52,9 +51,10 @@ def test_optcc_volumes_balance_ports():
 
 def test_optcc_straggler_below_threshold_only_scatters_and_gathers():
   p, n = 16, 1 << 20
-  s = plan("all_reduce", n, Topology.uniform(p, 1.0).with_straggler(5, 0.5), "optcc", itemsize=1)
+  topo = Topology.uniform(p, 1.0).with_straggler(5, 0.5)
+  s = plan("all_reduce", n, topo, "optcc", itemsize=1)
   assert s.bytes_sent()[5] == n and s.bytes_received()[5] == n
-  assert s.chunks == choose_chunks("all_reduce", n, p)
+  assert s.chunks == planner.depth("all_reduce", n, 1, topo, "optcc")
 
 
 def test_r2ccl_volume_model():
@@ -75,27 +75,36 @@ def test_broadcast_algorithms():
   assert chain.num_steps == 4 + p - 2
 
 
-def test_choose_chunks():
-  assert choose_chunks("all_reduce", 1000, 8) == 1
-  assert choose_chunks("all_reduce", 8 * MIN_PIECE_BYTES * 4, 8) == 4
-  assert choose_chunks("all_reduce", 1 << 40, 8) == MAX_CHUNKS
+def test_depth_limit():
+  assert depth_limit("all_reduce", 250, 8) == 16  # pieces of at least one element
+  assert depth_limit("all_reduce", 1 << 38, 8) == MAX_CHUNKS
   # A rank's own transfers bound the depth (4 (p-1) per chunk), not the whole table's.
-  assert choose_chunks("all_reduce", 1 << 40, 64) == 256 <= MAX_RANK_TRANSFERS // (4 * 63)
-  assert choose_chunks("all_reduce", 1 << 40, 1024) == 16 <= MAX_RANK_TRANSFERS // (4 * 1023)
-  assert choose_chunks("reduce_scatter", 1 << 40, 1024) == 32
-  assert choose_chunks("broadcast", MIN_PIECE_BYTES * 2, 8) == 2
-  # Without the piece floor (the fluid model) only the transfer limits bound it; the whole
-  # table's limit binds from p = 2048 on.
-  assert choose_chunks("all_reduce", 1 << 28, 1024) == 4
-  assert choose_chunks("all_reduce", 1 << 28, 1024, min_piece_bytes=0) == 16
-  table = 2 * 2048 * 2047  # an all_reduce's transfers per chunk
-  assert choose_chunks("all_reduce", 1 << 40, 2048) == 4 == MAX_TABLE_TRANSFERS // table
-  assert choose_chunks("all_reduce", 1 << 28, 4096, transfers=(506, 1032070),
-                       min_piece_bytes=0) == 32
+  assert depth_limit("all_reduce", 1 << 38, 64) == 256 <= MAX_RANK_TRANSFERS // (4 * 63)
+  assert depth_limit("all_reduce", 1 << 38, 1024) == 16 <= MAX_RANK_TRANSFERS // (4 * 1023)
+  assert depth_limit("reduce_scatter", 1 << 38, 1024) == 32
+  assert depth_limit("broadcast", 1 << 38, 8) == MAX_CHUNKS
+  assert depth_limit("all_reduce", 1 << 26, 4096, rank_transfers=506) == 128
+
+
+@pytest.mark.parametrize("cost", [0.0, 2e-6, 10e-6])
+def test_depth_is_the_modelled_best_and_the_simulated_best_on_8_ranks(cost):
+  """The depth of the least modelled time: the limit without message costs, else the
+  depth the simulator times fastest among 1 to 64 chunks."""
+  topo = Topology.uniform(8, 25e9, message_cost=cost).with_straggler(1, 0.5)
+  n = 256 << 20
+  for algorithm in ("optcc", "direct", "ring"):
+    k = planner.depth("all_reduce", n // 4, 4, topo, algorithm)
+    if cost == 0:
+      assert k == depth_limit("all_reduce", n // 4, 8) == MAX_CHUNKS
+      continue
+    times = {c: jaxcc.sim.simulate(plan("all_reduce", n, topo, algorithm, chunks=c), topo).time
+             for c in (1, 2, 4, 8, 16, 32, 64)}
+    assert k == min(times, key=times.get), (algorithm, k, times)
+    assert plan("all_reduce", n, topo, algorithm).chunks == k
 
 
 def test_table_serialisation_and_transfers():
-  s = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring")
+  s = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring", chunks=1)
   assert s.table.dtype == np.int64 and s.table.shape == (12, 7)
   assert not s.table.flags.writeable
   steps = list(s.steps)
@@ -131,7 +140,7 @@ def test_serialized_for_holds_the_rows_its_ranks_send_or_receive():
     (lambda t: t[:-1], "header says 12 rows of 7 columns, but the table has 83 values after it"),
 ])
 def test_read_table_rejects_other_headers(edit, match):
-  wire = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring").serialized
+  wire = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring", chunks=1).serialized
   with pytest.raises(ValueError, match=match):
     read_table(edit(wire), "api")
 
@@ -210,7 +219,8 @@ def test_ppermute_schedule(p):
 def test_ppermute_plan_pipelines_like_a_broadcast_chain():
   topo, perm, nbytes = Topology.uniform(4, 1.0), [(i, (i + 1) % 4) for i in range(4)], 1 << 19
   big = plan("ppermute", nbytes, topo, perm=perm)
-  assert big.algorithm == "direct" and big.chunks == choose_chunks("ppermute", nbytes, 4) == 8
+  assert big.algorithm == "direct"
+  assert big.chunks == planner.depth("ppermute", nbytes // 4, 4, topo, "direct", perm=perm) > 1
   assert schedule("ppermute", nbytes // 4, 4, topo, "direct", perm=perm) is big
   assert schedule("ppermute", nbytes // 4, 4, topo, "direct", perm=perm, chunks=1).chunks == 1
 
@@ -219,7 +229,8 @@ def test_schedule_is_plan_in_elements_at_the_depth_asked_for():
   topo = Topology.uniform(4, 1.0).with_straggler(1, 0.25)
   n = 8 << 20
   deep = schedule("all_reduce", n // 4, 4, topo, "auto")
-  assert deep is plan("all_reduce", n, topo) and deep.chunks == choose_chunks("all_reduce", n, 4)
+  assert deep is plan("all_reduce", n, topo)
+  assert deep.chunks == planner.depth("all_reduce", n // 4, 4, topo, deep.algorithm)
   assert schedule("all_reduce", n // 4, 4, topo, deep.algorithm, chunks=deep.chunks) is deep
   # auto_algorithm prices the pipelined candidates; the one-chunk schedule is then built.
   assert auto_algorithm("all_reduce", n // 4, 4, topo) == deep.algorithm == "optcc"
@@ -244,7 +255,7 @@ def test_errors_name_the_api():
 
 
 def test_validate_checks_once_and_names_the_api():
-  s = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring")
+  s = plan("all_reduce", 4 * 12, Topology.uniform(3, 1.0), "ring", chunks=1)
   assert s.validate() is s
   bad = type(s)(s.collective, s.nranks, s.length, s.itemsize, s.algorithm,
                 np.r_[s.table[:1], s.table[:1]], s.num_steps)
@@ -310,14 +321,14 @@ def test_optcc_takes_the_grid_form_from_512_owners_and_goes_deeper():
   shares = optcc_module.shares(straggler.bandwidth)
   assert shares[1] == 0 and shares.sum() == pytest.approx(1.0)
 
-  rank, table = optcc_module.transfers_per_chunk(straggler.bandwidth)
+  messages = optcc_module.messages_per_chunk(straggler.bandwidth)
+  assert messages.max() == 2 * (31 + 33 - 2) + 1 and messages[1] == 33
   n = 1 << 28  # 256 MiB
-  k = planner.depth("all_reduce", n // 4, 4, straggler, "optcc", min_piece_bytes=0)
-  assert k == 256 > planner.depth("all_reduce", n // 4, 4, straggler, "direct", min_piece_bytes=0)
+  fluid = Topology.uniform(1024, 25e9, message_cost=0.0).with_straggler(1, 0.5)
+  k = planner.depth("all_reduce", n // 4, 4, fluid, "optcc")
+  assert k == 256 > planner.depth("all_reduce", n // 4, 4, fluid, "direct") == 16
   s = plan("all_reduce", n, straggler, "optcc", chunks=4)
-  assert s.chunks == 4 == planner.depth("all_reduce", n // 4, 4, straggler, "optcc")
-  assert len(s.table) == 4 * table
-  rows = np.bincount(s.table[:, SRC], minlength=1024) + np.bincount(s.table[:, DST],
-                                                                    minlength=1024)
-  assert rows.max() <= 4 * rank
-  assert plan("all_reduce", n, straggler, "optcc") is s
+  assert len(s.table) == 4 * (2 * 1023 * (31 + 33 - 2) + 2 * 33)  # owners', then the leaf's
+  sent = np.bincount(s.table[:, SRC], minlength=1024)
+  received = np.bincount(s.table[:, DST], minlength=1024)
+  assert (sent <= 4 * messages).all() and (received <= 4 * messages).all()

@@ -96,9 +96,10 @@ def _cross(buf, route, params, collective, outer):
   topo = cross_topology(params["topology"])
   itemsize = np.dtype(buf.dtype).itemsize
   chunks = None if route.cross is Engine.TCP else 1
-  sched = planner.schedule(collective, buf.shape[0], itemsize, topo, "hierarchical",
-                           chunks=chunks, api=f"jaxcc.{collective}")
   group_axes = params["cross_group_axes"]
+  ranks = native_executor.held_ranks(topo.size, route.procs, outer, group_axes)
+  sched = planner.rank_schedule(collective, buf.shape[0], itemsize, topo, "hierarchical", ranks,
+                                chunks=chunks, api=f"jaxcc.{collective}")
   if route.cross is Engine.NCCL:
     return native_executor.run_schedule_cuda(buf, sched, outer, group_axes)
   if route.cross is Engine.TCP:

@@ -44,7 +44,6 @@ from jaxcc import planner
 from jaxcc._src import (border_executor, compat, config, costs, native_executor,
                         nccl_bootstrap, xla_executor)
 from jaxcc._src.engines import Engine
-from jaxcc.schedules.depth import choose_chunks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,11 +130,16 @@ def run_schedule(buf: jax.Array, route: Route, collective: str, params: dict, *,
                                        perm=perm, api=api)
   # One chunk, or over TCP the depth the cost model picks (the runner overlaps its steps).
   chunks = None if route.engine is Engine.TCP else 1
-  sched = planner.schedule(collective, length, itemsize, topology, algorithm, root=root,
-                           chunks=chunks, perm=perm, api=api)
   if route.engine is Engine.TWIN:
+    sched = planner.schedule(collective, length, itemsize, topology, algorithm, root=root,
+                             chunks=chunks, perm=perm, api=api)
     return xla_executor.run_schedule(buf, sched, params["axis_name"], codec=params.get("codec"),
                                      op=op)
+  # The native engines run the part of the schedule that the ranks of this process are in.
+  ranks = native_executor.held_ranks(topology.size, route.procs, params["axis_name"],
+                                     params["group_axes"])
+  sched = planner.rank_schedule(collective, length, itemsize, topology, algorithm, ranks,
+                                root=root, chunks=chunks, perm=perm, api=api)
   if route.engine is Engine.NCCL:
     return native_executor.run_schedule_cuda(buf, sched, params["axis_name"],
                                              params["group_axes"], params.get("codec"))
@@ -249,7 +253,8 @@ def _native_pays(collective: str, engine: Engine, params: dict, nbytes: int) -> 
     return False
   length = max(nbytes // 4, 1)
   best = planner.auto_algorithm(collective, length, 4, topology)
-  chunks = choose_chunks(collective, length * 4, topology.size)
-  return (planner.price(collective, length, 4, topology, best, chunks=chunks)
+  return (planner.price(collective, length, 4, topology, best,
+                        chunks=planner.depth(collective, length, 4, topology, best))
           < costs.NCCL_MARGIN * planner.price(collective, length, 4, topology, "ring",
-                                              chunks=chunks))
+                                              chunks=planner.depth(collective, length, 4,
+                                                                   topology, "ring")))

@@ -1,7 +1,9 @@
 """The native executor: one ``jaxcc_collective`` FFI call runs a whole Schedule.
 
 The call gets the rows of the serialised schedule that the ranks of this
-process send or receive (``Schedule.serialized_for``), this rank's position along the axis,
+process send or receive (``serialized_for``: of a ``RankSchedule``, the part
+``planner.rank_schedule`` plans for them without the whole table, or of a
+whole ``Schedule``), this rank's position along the axis,
 which instance of the axis it is in (a multi-axis mesh has one per
 coordinate of the other axes) and an op id naming the call site; the C++
 interpreter walks the steps over a transport and sums with the
@@ -44,7 +46,7 @@ from jax import lax
 from jaxcc._src import compat, config, ffi, nccl_bootstrap, tcp_bootstrap
 from jaxcc._src.bits import as_bits
 from jaxcc.codec import reference
-from jaxcc.schedules.ir import DST, LENGTH, SRC, Schedule
+from jaxcc.schedules.ir import DST, LENGTH, SRC, RankSchedule, Schedule, traffic
 from jaxcc.topology import Topology
 
 _op_ids = itertools.count(1)
@@ -67,14 +69,16 @@ def next_op_id() -> int:
   return next(_op_ids)
 
 
-def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
+def run_schedule(buf: jax.Array, schedule: Schedule | RankSchedule, axis_name: str,
                  group_axes: tuple[tuple[str, int], ...], procs: np.ndarray = _NONE,
                  topology: Topology | None = None, codec: str | None = None) -> jax.Array:
   """Run ``schedule`` on this rank's flat ``buf`` in one FFI call (inside shard_map).
 
   Args:
     buf: this rank's flat buffer of ``schedule.length`` elements.
-    schedule: the schedule; every rank runs the same one.
+    schedule: the schedule, every rank the same one: whole, or its part for (at least) the
+      ranks of this process. Processes recognise it by its ``digest``: a RankSchedule's, from
+      the planning arguments, is the same in every process that planned it.
     axis_name: the axis whose ranks the schedule spans.
     group_axes: the other mesh axes as (name, size), in mesh order.
     procs: ``process_map``'s answer; empty when one process holds every rank.
@@ -85,7 +89,7 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
       exchange raw memory.
   """
   _check_buffer(buf, schedule)
-  if not len(schedule.table):
+  if not schedule.num_steps:
     return buf
   if len(procs):
     tcp_bootstrap.ensure_started()
@@ -93,14 +97,15 @@ def run_schedule(buf: jax.Array, schedule: Schedule, axis_name: str,
   # 16-bit floats go in and out as their bits (jaxcc._src.bits); the handler's `dtype` names them.
   bits = as_bits(buf)
   dtype_id = bits_type_id(buf.dtype)
-  out = _collective_call(bits, schedule, axis_name, group_axes, _local_ranks(procs, schedule),
+  out = _collective_call(bits, schedule, axis_name, group_axes,
+                         _local_ranks(procs, schedule.nranks),
                          procs=np.ascontiguousarray(procs, np.int64), pacing=pacing,
                          codec=np.int64(CODEC_IDS[codec]), dtype=np.int64(dtype_id),
                          split_send_bytes=np.int64(config.split_send_bytes()))
   return lax.bitcast_convert_type(out, buf.dtype) if dtype_id else out
 
 
-def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
+def run_schedule_cuda(buf: jax.Array, schedule: Schedule | RankSchedule, axis_name: str,
                       group_axes: tuple[tuple[str, int], ...],
                       codec: str | None = None) -> jax.Array | None:
   """``run_schedule`` on the GPU over the Nccl transport (inside shard_map, lowering for CUDA).
@@ -113,13 +118,13 @@ def run_schedule_cuda(buf: jax.Array, schedule: Schedule, axis_name: str,
   (abstract mesh): then no communicator can be made.
   """
   _check_buffer(buf, schedule)
-  if not len(schedule.table):
+  if not schedule.num_steps:
     return buf
   mesh = compat.lowering_mesh()
   if mesh is None:
     return None
   key = nccl_bootstrap.ensure_comms(mesh, axis_name, group_axes)
-  ranks = _local_ranks(process_map(axis_name, group_axes), schedule)
+  ranks = held_ranks(schedule.nranks, None, axis_name, group_axes)
   return _collective_call(buf, schedule, axis_name, group_axes, ranks, procs=_NONE,
                           pacing=_NONE, comm_key=np.int64(key), codec=np.int64(CODEC_IDS[codec]))
 
@@ -130,12 +135,22 @@ def _check_buffer(buf: jax.Array, schedule: Schedule) -> None:
                      f"{schedule.length} elements")
 
 
-def _local_ranks(procs: np.ndarray, schedule: Schedule) -> np.ndarray:
-  """The ranks of the axis that this process holds in some group (every rank when ``procs``,
-  ``process_map``'s answer, is empty)."""
+def held_ranks(nranks: int, procs: np.ndarray | None, axis_name,
+               group_axes: tuple[tuple[str, int], ...]) -> np.ndarray:
+  """The ranks of an axis of ``nranks`` that this process holds in some group: by ``procs``
+  (``process_map``'s answer), None: by the lowering mesh (every rank where it is unknown).
+  What ``planner.rank_schedule`` plans for the native engines."""
+  if procs is None:
+    procs = process_map(axis_name, group_axes)
+  return _local_ranks(_NONE if procs is None else procs, nranks)
+
+
+def _local_ranks(procs: np.ndarray, nranks: int) -> np.ndarray:
+  """The ranks of an axis of ``nranks`` that this process holds in some group (every rank
+  when ``procs``, ``process_map``'s answer, is empty)."""
   if not len(procs):
-    return np.arange(schedule.nranks)
-  procs = np.asarray(procs).reshape(-1, schedule.nranks)
+    return np.arange(nranks)
+  procs = np.asarray(procs).reshape(-1, nranks)
   return np.flatnonzero((procs == jax.process_index()).any(axis=0))
 
 
@@ -206,7 +221,7 @@ def process_map(axis_name, group_axes: tuple[tuple[str, int], ...]) -> np.ndarra
   return np.ascontiguousarray(procs.transpose(order).reshape(-1))
 
 
-def pacing_rates(schedule: Schedule, topology: Topology) -> np.ndarray:
+def pacing_rates(schedule: Schedule | RankSchedule, topology: Topology) -> np.ndarray:
   """Pacing rates (bytes/s) per ordered rank pair, flat ``(p, p)``; empty if all ports are equal.
 
   A rank's port is shared by the peers it exchanges with in proportion to the
@@ -227,7 +242,8 @@ def pacing_rates(schedule: Schedule, topology: Topology) -> np.ndarray:
   pairs the floor lifts carry little, so it overbooks their ports only briefly.
   Equal ports need no pacing. In a topology of clusters the pairs inside a
   cluster share the intra ports and the pairs across share the cross-cluster
-  ports.
+  ports. From a RankSchedule, the rates of the pairs that its ranks are in (the
+  ones the transport of its process paces), the others 0.
   """
   send = np.asarray(topology.send_bandwidth, np.float64)
   recv = np.asarray(topology.recv_bandwidth, np.float64)
@@ -248,11 +264,12 @@ def pacing_rates(schedule: Schedule, topology: Topology) -> np.ndarray:
     return _NONE
   volume = np.zeros((p, p))
   np.add.at(volume, (schedule.table[:, SRC], schedule.table[:, DST]), schedule.table[:, LENGTH])
+  sent, received = ((schedule.sent, schedule.received) if isinstance(schedule, RankSchedule)
+                    else traffic(schedule.table, p, topology.cluster))
   share = np.zeros((p, p))
-  for level in (cross, ~cross):
-    v = np.where(level, volume, 0)
-    share += np.minimum(pair_send / np.maximum(v.sum(1), 1)[:, None],
-                        pair_recv / np.maximum(v.sum(0), 1)[None, :]) * v
+  for level, out, into in ((cross, sent[1], received[1]), (~cross, sent[0], received[0])):
+    share += np.minimum(pair_send / np.maximum(out, 1)[:, None],
+                        pair_recv / np.maximum(into, 1)[None, :]) * np.where(level, volume, 0)
   floor = np.minimum(pair_send, pair_recv) / (2 * (p - 1))
   rates = np.where(volume > 0, np.maximum(share, floor), 0)
   return np.ascontiguousarray(np.ceil(rates).astype(np.int64).reshape(-1))

@@ -12,36 +12,50 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder
+from jaxcc.schedules.ir import COPY, REDUCE, RankSchedule, Schedule, TableBuilder
 from jaxcc.schedules.pieces import equal_shards, piece_grid
 
 
 def weighted_direct(collective: str, length: int, p: int, itemsize: int, chunks: int,
-                    shard_bounds: np.ndarray, algorithm: str) -> Schedule:
-  """Direct reduce-scatter and/or all-gather with shard j = ``shard_bounds[j:j+2]``."""
-  tb = TableBuilder()
+                    shard_bounds: np.ndarray, algorithm: str,
+                    ranks=None) -> Schedule | RankSchedule:
+  """Direct reduce-scatter and/or all-gather with shard j = ``shard_bounds[j:j+2]``; with
+  ``ranks``, the part of it that they send or receive (``TableBuilder.build_part``)."""
+  tb = TableBuilder(ranks)
   grid = piece_grid(shard_bounds, chunks)
   rs = collective in ("all_reduce", "reduce_scatter")
   ag = collective in ("all_reduce", "all_gather")
-  # Round k: rank i sends to i + k, so no port gets two at once.
-  c, k, owner = (np.arange(chunks)[:, None, None], np.arange(1, p)[None, :, None],
-                 np.arange(p)[None, None, :])
-  lo, hi = np.moveaxis(grid[owner, c], -1, 0)
-  if rs:
-    tb.add_rows(2 * c, (owner - k) % p, owner, lo, lo, hi - lo, REDUCE)
+  # Round k + 1: rank i sends to i + k + 1, so no port gets two at once. Round 1 has a
+  # transfer of every piece.
+  shape, cover = (chunks, p - 1, p), lambda c, k, owner: [(c, 0, owner)]
+  if rs:  # owner gets from owner - k - 1
+    c, k, owner = tb.index(shape, lambda r, c, k, owner: [(c, k, r), (c, k, (r + k + 1) % p)],
+                           cover)
+    lo, hi = np.moveaxis(grid[owner, c], -1, 0)
+    tb.add_rows(2 * c, (owner - k - 1) % p, owner, lo, lo, hi - lo, REDUCE)
   if ag:
-    tb.add_rows(2 * c + 1, owner, (owner + k) % p, lo, lo, hi - lo, COPY)
-  return tb.build(collective, p, length, itemsize, algorithm, chunks=chunks)
+    c, k, owner = tb.index(shape, lambda r, c, k, owner: [(c, k, r), (c, k, (r - k - 1) % p)],
+                           cover)
+    lo, hi = np.moveaxis(grid[owner, c], -1, 0)
+    tb.add_rows(2 * c + 1, owner, (owner + k + 1) % p, lo, lo, hi - lo, COPY)
+  if ranks is None:
+    return tb.build(collective, p, length, itemsize, algorithm, chunks=chunks)
+  w = np.diff(shard_bounds)  # owner j gets w_j from each other rank, then sends it to each
+  sent = (length - w) * rs + (p - 1) * w * ag
+  received = (p - 1) * w * rs + (length - w) * ag
+  return tb.build_part(collective, p, length, itemsize, algorithm, sent, received,
+                       chunks=chunks)
 
 
-def direct(collective: str, length: int, p: int, itemsize: int, chunks: int) -> Schedule:
-  """Direct algorithm with equal shards.
+def direct(collective: str, length: int, p: int, itemsize: int, chunks: int,
+           ranks=None) -> Schedule | RankSchedule:
+  """Direct algorithm with equal shards (with ``ranks``: their part, ``weighted_direct``).
 
   Bytes sent per rank: ``2(p-1)/p * N`` (all_reduce), ``(p-1)/p * N``
   (reduce_scatter, all_gather); steps: 2 or 1 per chunk.
   """
   return weighted_direct(collective, length, p, itemsize, chunks, equal_shards(length, p),
-                         "direct")
+                         "direct", ranks)
 
 
 def direct_broadcast(length: int, p: int, itemsize: int, root: int) -> Schedule:

@@ -38,6 +38,8 @@ ranks, ops, the per-step rules); ``jaxcc.sim.check`` proves the result.
 the rows (``read_table`` checks it; ``xla_ffi/include/jaxcc/schedule.h`` reads
 the same layout). ``Schedule.serialized_for(ranks)`` is that layout with only the
 rows that ``ranks`` send or receive: what a process passes for the ranks it holds.
+``RankSchedule`` is that part planned on its own (``TableBuilder(ranks)``), without the whole
+table: what the native executor runs.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -161,10 +164,7 @@ class Schedule:
   @functools.cached_property
   def serialized(self) -> np.ndarray:
     """The table as executors read it: header, then the rows (int64, read-only)."""
-    header = np.array([TABLE_MAGIC, TABLE_VERSION, NUM_COLUMNS, len(self.table)], np.int64)
-    out = np.concatenate([header, self.table.reshape(-1)])
-    out.setflags(write=False)
-    return out
+    return _serialize(self.table)
 
   def serialized_for(self, ranks) -> np.ndarray:
     """``serialized`` cut to the rows that ``ranks`` send or receive: all that the executors
@@ -176,12 +176,7 @@ class Schedule:
     cache = self.__dict__.setdefault("_serialized_for", {})
     key = ranks.tobytes()
     if key not in cache:
-      mine = np.zeros(self.nranks, bool)
-      mine[ranks] = True
-      rows = self.table[mine[self.table[:, SRC]] | mine[self.table[:, DST]]]
-      header = np.array([TABLE_MAGIC, TABLE_VERSION, NUM_COLUMNS, len(rows)], np.int64)
-      cache[key] = np.concatenate([header, rows.reshape(-1)])
-      cache[key].setflags(write=False)
+      cache[key] = _serialize(_rows_of(self.table, self.nranks, ranks))
     return cache[key]
 
   def validate(self, api: str = "jaxcc.Schedule.validate") -> Schedule:
@@ -236,13 +231,129 @@ class Schedule:
     return (rank * shard, (rank + 1) * shard)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class RankSchedule:
+  """The part of a Schedule that some ranks send or receive: what a process holding those ranks
+  plans (``planner.rank_schedule``, without the whole table) and its native executor runs.
+
+  Attributes:
+    collective, nranks, length, itemsize, algorithm, num_steps, root, chunks, perm: the whole
+      schedule's.
+    ranks: the ranks it is for, sorted.
+    table: the rows of the whole table that ``ranks`` send or receive, in its order.
+    sent, received: int64 ``(2, nranks)``: the elements each rank sends and receives in the
+      whole schedule, within its cluster (row 0) and across clusters (row 1), on the topology
+      it was planned for (the pacing of the connections).
+    digest: the whole schedule's identity, equal in every process that planned it: the
+      planner's hash of the planning arguments (empty from ``TableBuilder.build_part``).
+  """
+
+  collective: str
+  nranks: int
+  length: int
+  itemsize: int
+  algorithm: str
+  table: np.ndarray
+  num_steps: int
+  ranks: np.ndarray
+  sent: np.ndarray
+  received: np.ndarray
+  digest: str = ""
+  root: int = 0
+  chunks: int = 1
+  perm: tuple[tuple[int, int], ...] = ()
+
+  @classmethod
+  def of(cls, schedule: Schedule, ranks, digest: str, cluster=None) -> RankSchedule:
+    """The part of ``schedule`` for ``ranks`` (cut from its table); ``cluster``: the cluster
+    of each rank, None: one."""
+    ranks = np.unique(np.asarray(ranks, np.int64))
+    rows = (schedule.table if len(ranks) == schedule.nranks
+            else _rows_of(schedule.table, schedule.nranks, ranks))
+    sent, received = traffic(schedule.table, schedule.nranks, cluster)
+    return cls(schedule.collective, schedule.nranks, schedule.length, schedule.itemsize,
+               schedule.algorithm, rows, schedule.num_steps, ranks, sent, received,
+               digest, schedule.root, schedule.chunks, schedule.perm)
+
+  def __repr__(self):
+    return (f"RankSchedule({self.collective}, algorithm={self.algorithm!r}, "
+            f"nranks={self.nranks}, length={self.length}, steps={self.num_steps}, "
+            f"ranks={len(self.ranks)}, transfers={len(self.table)}, chunks={self.chunks})")
+
+  def serialized_for(self, ranks) -> np.ndarray:
+    """``Schedule.serialized_for(ranks)`` of the whole schedule, for ``ranks`` among its own.
+
+    Raises:
+      ValueError: a rank of ``ranks`` that it was not planned for.
+    """
+    ranks = np.unique(np.asarray(ranks, np.int64))
+    others = np.setdiff1d(ranks, self.ranks)
+    if len(others):
+      raise ValueError(f"jaxcc.RankSchedule: planned for ranks {self.ranks.tolist()}, not for "
+                       f"rank {int(others[0])}")
+    cache = self.__dict__.setdefault("_serialized_for", {})
+    key = ranks.tobytes()
+    if key not in cache:
+      rows = (self.table if len(ranks) == len(self.ranks)
+              else _rows_of(self.table, self.nranks, ranks))
+      cache[key] = _serialize(rows)
+    return cache[key]
+
+
+def traffic(table: np.ndarray, nranks: int, cluster=None) -> tuple[np.ndarray, np.ndarray]:
+  """The elements each rank sends and receives in ``table``, each int64 ``(2, nranks)``: within
+  its cluster (row 0) and across clusters (row 1); ``cluster``: of each rank, None: one."""
+  src, dst, n = table[:, SRC], table[:, DST], table[:, LENGTH]
+  cross = 0 if cluster is None else (np.asarray(cluster)[src] != np.asarray(cluster)[dst])
+  return tuple(np.bincount(cross * nranks + end, weights=n, minlength=2 * nranks)
+               .astype(np.int64).reshape(2, nranks) for end in (src, dst))
+
+
 class TableBuilder:
   """Collects transfers step by step (one at a time or as arrays); ``build`` returns the
-  Schedule. Rows keep the order they were added in; a transfer of length 0 is left out."""
+  Schedule. Rows keep the order they were added in; a transfer of length 0 is left out.
 
-  def __init__(self):
+  With ``ranks`` it builds the part of a schedule that those ranks send or receive
+  (``build_part``): it keeps their rows only, and numbers the steps as the whole schedule does
+  from the steps of every row of positive length it is given. An algorithm gives it, through
+  ``index``, the rows of those ranks and a row of positive length of every step that has one,
+  not the whole table.
+  """
+
+  def __init__(self, ranks=None):
     self._blocks: list[np.ndarray] = []
     self._rows: list[tuple[int, ...]] = []
+    self._ranks = None if ranks is None else np.unique(np.asarray(ranks, np.int64))
+    self._mine = np.zeros(0, bool)
+    self._busy: list[np.ndarray] = []  # the steps seen with ``ranks``
+
+  def index(self, shape, touching, cover) -> tuple[np.ndarray, ...]:
+    """Indices into a block of transfers of ``shape`` that ``add_rows`` adds in C order.
+
+    Without ``ranks``: every index, as broadcastable aranges (``np.ix_``). With them: the
+    indices that ``touching(ranks, *axes)`` names (the transfers those ranks send and those
+    they receive) and ``cover(*axes)`` names (a transfer of positive length of each step of
+    the block that has one, if any), as 1-D arrays sorted in C order, each once; ``axes`` are
+    the aranges, ``ranks`` an array along a new first axis; each names a list of index tuples
+    that broadcast together, and indices outside ``shape`` are left out.
+    """
+    axes = np.ix_(*(np.arange(n) for n in shape))
+    if self._ranks is None:
+      return axes
+    if not math.prod(shape):
+      return tuple(np.zeros(0, np.int64) for _ in shape)
+    ranks = self._ranks.reshape((-1,) + (1,) * len(shape))
+    flat = [np.zeros(0, np.int64)]
+    for idx in (*touching(ranks, *axes), *cover(*axes)):
+      idx = [a.reshape(-1) for a in np.broadcast_arrays(*idx)]
+      inside = np.logical_and.reduce([(0 <= a) & (a < n) for a, n in zip(idx, shape)])
+      flat.append(np.ravel_multi_index([a[inside] for a in idx], shape))
+    return np.unravel_index(unique(np.concatenate(flat)), shape)
+
+  def at(self, values, shape, index) -> np.ndarray:
+    """``values`` (an array that broadcasts to a block of ``shape``) at the block's ``index``
+    (``index``'s answer)."""
+    return values if self._ranks is None else np.broadcast_to(values, shape)[index]
 
   def add(self, step: int, src: int, dst: int, src_start: int, dst_start: int,
           length: int, op: int) -> None:
@@ -259,29 +370,64 @@ class TableBuilder:
       rows[..., j] = c
     rows = rows.reshape(-1, NUM_COLUMNS)
     self._flush()
-    self._blocks.append(rows if rows[:, LENGTH].min(initial=1) > 0 else rows[rows[:, LENGTH] > 0])
+    self._keep(rows if rows[:, LENGTH].min(initial=1) > 0 else rows[rows[:, LENGTH] > 0])
 
   def _flush(self) -> None:
     if self._rows:
-      self._blocks.append(np.array(self._rows, dtype=np.int64).reshape(-1, NUM_COLUMNS))
+      self._keep(np.array(self._rows, dtype=np.int64).reshape(-1, NUM_COLUMNS))
       self._rows = []
+
+  def _keep(self, rows: np.ndarray) -> None:
+    """Keeps ``rows`` (of positive length), or with ``ranks`` those of the ranks and their
+    steps."""
+    if self._ranks is not None and len(rows):
+      self._busy.append(unique(rows[:, STEP]))
+      top = max(int(rows[:, SRC].max()), int(rows[:, DST].max())) + 1
+      if len(self._mine) < top:
+        self._mine = np.zeros(top, bool)
+        self._mine[self._ranks[self._ranks < top]] = True
+      rows = rows[self._mine[rows[:, SRC]] | self._mine[rows[:, DST]]]
+    self._blocks.append(rows)
 
   def build(self, collective: str, nranks: int, length: int, itemsize: int,
             algorithm: str, root: int = 0, chunks: int = 1,
             perm: tuple[tuple[int, int], ...] = ()) -> Schedule:
     """The Schedule: the rows sorted by step (stably, in the order they were added) and the
     steps renumbered so that none is empty, in one pass that puts each row in its place."""
+    table, steps = self._table()
+    return Schedule(collective=collective, nranks=nranks, length=length,
+                    itemsize=itemsize, algorithm=algorithm, table=table,
+                    num_steps=steps, root=root, chunks=chunks, perm=perm)
+
+  def build_part(self, collective: str, nranks: int, length: int, itemsize: int,
+                 algorithm: str, sent, received, root: int = 0,
+                 chunks: int = 1) -> RankSchedule:
+    """The RankSchedule of a builder with ``ranks``: their rows as ``build`` sorts and numbers
+    them in the whole table. ``sent`` and ``received``: the elements each rank sends and
+    receives in the whole schedule (one cluster); the digest is left to the planner."""
+    table, steps = self._table(unique(np.concatenate([np.zeros(0, np.int64), *self._busy])))
+    zero = np.zeros(nranks, np.int64)
+    return RankSchedule(collective, nranks, length, itemsize, algorithm, table, steps,
+                        self._ranks, np.stack([sent, zero]).astype(np.int64),
+                        np.stack([received, zero]).astype(np.int64), root=root, chunks=chunks)
+
+  def _table(self, busy: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """The rows sorted by step and renumbered (read-only), and the number of steps: those
+    with rows, or with ``busy`` (sorted) the steps it names."""
     self._flush()
     blocks = [b for b in self._blocks if len(b)]
     table = np.empty((sum(len(b) for b in blocks), NUM_COLUMNS), np.int64)
-    steps = 0
+    steps = 0 if busy is None else len(busy)
     if blocks:
       lo = min(int(b[:, STEP].min()) for b in blocks)
       span = max(int(b[:, STEP].max()) for b in blocks) - lo + 1
       counts = np.stack([np.bincount(b[:, STEP] - lo, minlength=span) for b in blocks])
       total = counts.sum(axis=0)
-      renumber = np.cumsum(total > 0) - 1
-      steps = int(renumber[-1]) + 1
+      if busy is None:
+        renumber = np.cumsum(total > 0) - 1
+        steps = int(renumber[-1]) + 1
+      else:
+        renumber = np.searchsorted(busy, np.arange(lo, lo + span))
       # Where the rows of step s from block b start: after every earlier step, then after
       # that step's rows of the earlier blocks.
       first = (np.cumsum(total) - total)[None, :] + np.cumsum(counts, axis=0) - counts
@@ -295,9 +441,7 @@ class TableBuilder:
         table[at] = block
         table[at, STEP] = renumber[step]
     table.setflags(write=False)
-    return Schedule(collective=collective, nranks=nranks, length=length,
-                    itemsize=itemsize, algorithm=algorithm, table=table,
-                    num_steps=steps, root=root, chunks=chunks, perm=perm)
+    return table, steps
 
 
 def split(total: int, parts: int) -> np.ndarray:
@@ -479,3 +623,18 @@ def _check_perm_rules(schedule: Schedule, name: str) -> None:
 
 def _range(start, n) -> str:
   return f"[{start}, {start + n})"
+
+
+def _rows_of(table: np.ndarray, nranks: int, ranks: np.ndarray) -> np.ndarray:
+  """The rows of ``table`` that ``ranks`` send or receive."""
+  mine = np.zeros(nranks, bool)
+  mine[ranks] = True
+  return table[mine[table[:, SRC]] | mine[table[:, DST]]]
+
+
+def _serialize(rows: np.ndarray) -> np.ndarray:
+  """The header, then ``rows`` (int64, read-only): the layout ``read_table`` reads."""
+  header = np.array([TABLE_MAGIC, TABLE_VERSION, NUM_COLUMNS, len(rows)], np.int64)
+  out = np.concatenate([header, rows.reshape(-1)])
+  out.setflags(write=False)
+  return out

@@ -23,8 +23,11 @@ other step, but for its pieces into an owner slower than the fastest: those
 come after the S2 of the next chunk, as that owner's receive port is busy for
 the whole run only with its all-gather interleaved (p = 256, K = 16,
 stragglers at 0.5 and 0.75: 1.0039x the bound, against 1.035x with the whole
-S3 trailing and 1.165x with all of it last). 4 steps per chunk. The
-chunks grow geometrically at the start and shrink at the end
+S3 trailing and 1.165x with all of it last). With few owners the whole S3
+trailing is faster (p = 8, K = 64, stragglers 0.5, 0.75, 0.75: 1.0084x
+against 1.0445x): the planner simulates the placements of ``ORDERINGS``
+where the table is small (``planner.PRICED_ORDERINGS``) and takes the
+fastest. 4 steps per chunk. The chunks grow geometrically at the start and shrink at the end
 (``pieces.tapered_grid``): what is left of the pipeline's start (the first
 S2) and drain (the last S3) is a small chunk's share. The ramps take 4
 doublings with 8 owners or more, else ``floor(log2 K / 2)``: with few owners
@@ -47,7 +50,11 @@ messages are ``b`` times the direct form's, so at one depth it drains later
 the direct form's 1.0038x), and it needs the depth its few transfers allow:
 p = 1024 1.016x at K = 16, 1.0062x at 32, 1.0029x at 64; p = 4096 1.0093x at
 K = 16, planned in 6 s and simulated in 21 s, where the direct form's table
-at K = 16 would be 537 M transfers.
+at K = 16 would be 537 M transfers. The grid keeps equal shares: its first
+hop has every owner of column j receive ``b - 1`` pieces of column j's range
+whatever its own port, so owners of unequal ports balance only where each
+column's owners share one speed; ranks slower than the fastest are leaves
+(at most ``GRID_SLACK`` over water-filling), else the direct form runs.
 """
 
 from __future__ import annotations
@@ -58,13 +65,18 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder, split, split_weighted
+from jaxcc.schedules.ir import (COPY, REDUCE, RankSchedule, Schedule, TableBuilder, split,
+                                split_weighted)
 from jaxcc.schedules.pieces import piece_grid, tapered_grid
+from jaxcc.schedules.tables import positions
 
 # The grid form (``grid_layout``): from this many owners of the fastest port on, where its
 # equal shares are at most GRID_SLACK slower than water-filling's in the fluid model.
 GRID_MIN_OWNERS = 512
 GRID_SLACK = 1e-3
+# With leaves, the chunks the owners' all-gather into a slower owner and into a fastest one
+# trails its chunk's reduce-scatter by (None: after every other step); the default first.
+ORDERINGS = ((1, None), (1, 1), (None, None))
 
 
 def optimal_shares(bandwidth: Sequence[float]) -> np.ndarray:
@@ -93,29 +105,47 @@ def shares(bandwidth: Sequence[float]) -> np.ndarray:
   return w
 
 
-def transfers_per_chunk(bandwidth: Sequence[float]) -> tuple[int, int] | None:
-  """Per chunk, the transfers OptCC's busiest rank sends or receives and those of its whole
-  table, for ``choose_chunks``: the grid form's; None for the direct form (the default's)."""
+def messages_per_chunk(bandwidth: Sequence[float]) -> np.ndarray:
+  """Per rank, the most transfers it sends in a chunk (as many as it receives), shape
+  ``(p,)``: ``2 (m - 1) + l`` for each of m owners and m for each of l leaves in the direct
+  form; ``2 (a + b - 2) + ceil(l / a)`` for an owner and ``b`` for a leaf on an ``(a, b)``
+  grid."""
   layout = grid_layout(bandwidth)
   if layout is None:
-    return None
-  (a, b), leaves = layout[0].shape, len(layout[1])
-  return (max(4 * (a + b - 2) + 2 * math.ceil(leaves / a), 2 * b),
-          2 * a * b * (a + b - 2) + 2 * leaves * b)
+    owns = optimal_shares(bandwidth) > 0
+    m = int(owns.sum())
+    return np.where(owns, 2 * (m - 1) + (len(owns) - m), m).astype(np.int64)
+  (a, b), leaves = layout[0].shape, layout[1]
+  out = np.full(len(bandwidth), b, np.int64)
+  out[layout[0].ravel()] = 2 * (a + b - 2) + math.ceil(len(leaves) / a)
+  return out
 
 
-def optcc(length: int, p: int, itemsize: int, chunks: int,
-          bandwidth: Sequence[float]) -> Schedule:
-  """OptCC all_reduce for ranks with port bandwidths ``bandwidth``.
+def orderings(bandwidth: Sequence[float]) -> tuple[tuple[int | None, int | None], ...]:
+  """The ``lags`` of ``optcc`` worth pricing on ``bandwidth``: ``ORDERINGS`` in the direct
+  form with leaves and owners of unequal ports, else the default alone."""
+  w = shares(bandwidth)
+  owners = np.asarray(bandwidth)[w > 0]
+  if grid_layout(bandwidth) is None and (w == 0).any() and owners.min() < owners.max():
+    return ORDERINGS
+  return ORDERINGS[:1]
+
+
+def optcc(length: int, p: int, itemsize: int, chunks: int, bandwidth: Sequence[float],
+          ranks=None, lags: tuple[int | None, int | None] = ORDERINGS[0]
+          ) -> Schedule | RankSchedule:
+  """OptCC all_reduce for ranks with port bandwidths ``bandwidth``; with ``ranks``, the part
+  of it that they send or receive (``TableBuilder.build_part``).
 
   Bytes sent (and received) per rank: ``N + (p-2) w_i``; steps: 4 per chunk with leaves,
-  2 without; on its grid (``grid_layout``) 6 and 4.
+  2 without; on its grid (``grid_layout``) 6 and 4. ``lags``: where the direct form with
+  leaves places the owners' all-gather (``ORDERINGS``).
   """
   bw = np.asarray(bandwidth, dtype=np.float64)
   layout = grid_layout(bw)
   if layout is not None:
-    return _grid_optcc(length, p, itemsize, chunks, *layout)
-  tb = TableBuilder()
+    return _grid_optcc(length, p, itemsize, chunks, *layout, ranks=ranks)
+  tb = TableBuilder(ranks)
   shards = split_weighted(length, optimal_shares(bw))
   owns = np.diff(shards) > 0
   c = np.arange(chunks)[:, None, None]
@@ -128,21 +158,34 @@ def optcc(length: int, p: int, itemsize: int, chunks: int,
   else:
     grid = piece_grid(shards, chunks)
     s2, s3 = 2 * c, 2 * c + 1
-  # Round k: every leaf sends to owners[k] and gets its result back from it.
-  k, leaf = np.arange(m)[None, :, None], leaves[None, None, :]
-  lo, hi = np.moveaxis(grid[owners[k], c], -1, 0)
-  if len(leaves):
-    tb.add_rows(s1, leaf, owners[k], lo, lo, hi - lo, REDUCE)
-    tb.add_rows(s4, owners[k], leaf, lo, lo, hi - lo, COPY)
-  k, i = np.arange(1, m)[None, :, None], np.arange(m)[None, None, :]
-  src, dst = owners[i], owners[(i + k) % m]
+  if len(leaves):  # round k: every leaf sends to owners[k] and gets its result back from it
+    shape = (chunks, m, len(leaves))
+    c, k, leaf = index = tb.index(
+        shape, lambda r, c, k, leaf: [(c, k, positions(r, leaves)),
+                                      (c, positions(r, owners), leaf)],
+        lambda c, k, leaf: [(c, k, 0)])
+    lo, hi = np.moveaxis(grid[owners[k], c], -1, 0)
+    tb.add_rows(tb.at(s1, shape, index), leaves[leaf], owners[k], lo, lo, hi - lo, REDUCE)
+    tb.add_rows(tb.at(s4, shape, index), owners[k], leaves[leaf], lo, lo, hi - lo, COPY)
+  # Round k + 1: owner i sends to owner i + k + 1.
+  shape = (chunks, max(m - 1, 0), m)
+  c, k, i = index = tb.index(shape, lambda r, c, k, i: _owner_pairs(r, owners, c, k),
+                             lambda c, k, i: _owner_cover(grid[owners], c, i))
+  src, dst = owners[i], owners[(i + k + 1) % m]
   lo, hi = np.moveaxis(grid[dst, c], -1, 0)
-  tb.add_rows(s2, src, dst, lo, lo, hi - lo, REDUCE)
+  tb.add_rows(tb.at(s2, shape, index), src, dst, lo, lo, hi - lo, REDUCE)
   lo, hi = np.moveaxis(grid[src, c], -1, 0)
-  if len(leaves):  # into a slower owner: after the next chunk's S2; else after everything
-    s3 = np.where(bw[dst] < bw[owners].max(initial=0.0), 4 * c + 7, 4 * chunks + c)
+  if len(leaves):  # lags[0] chunks behind into a slower owner, lags[1] into a fastest one
+    after = [4 * chunks + c if lag is None else 4 * (c + lag) + 3 for lag in lags]
+    s3 = np.where(bw[dst] < bw[owners].max(initial=0.0), *after)
+  else:
+    s3 = tb.at(s3, shape, index)
   tb.add_rows(s3, src, dst, lo, lo, hi - lo, COPY)
-  return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)
+  if ranks is None:
+    return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)
+  traffic = length + (p - 2) * np.diff(shards)
+  return tb.build_part("all_reduce", p, length, itemsize, "optcc", traffic, traffic,
+                       chunks=chunks)
 
 
 def grid_layout(bandwidth: Sequence[float],
@@ -183,7 +226,7 @@ def _grid_layout(bandwidth: tuple[float, ...], min_owners: int):
 
 
 def _grid_optcc(length: int, p: int, itemsize: int, chunks: int, grid: np.ndarray,
-                leaves: np.ndarray) -> Schedule:
+                leaves: np.ndarray, ranks=None) -> Schedule | RankSchedule:
   """OptCC's grid form: the reduce-scatter and all-gather among owners in two hops.
 
   Owner ``(r, j)`` of the ``(a, b)`` grid reduces column j's range of the
@@ -194,31 +237,106 @@ def _grid_optcc(length: int, p: int, itemsize: int, chunks: int, grid: np.ndarra
   ``N + (p-2) N / (a b)``, as the direct form's; messages per owner and
   chunk ``2 (a + b - 2)`` instead of ``2 (m - 1)``, per leaf ``2 b``. Steps per
   chunk: R1, leaves in, R2, A1, leaves out, with every A2 after all of them
-  (it fills the owners' ports' gaps); without leaves R1, R2, A1, A2.
+  (it fills the owners' ports' gaps); without leaves R1, R2, A1, A2. With ``ranks``, the
+  part of it that they send or receive.
   """
   a, b = grid.shape
-  tb = TableBuilder()
+  tb = TableBuilder(ranks)
   cols = tapered_grid(split(length, b), chunks, 4)  # (b, K, 2): column j's chunk c
   lo, hi = cols[..., 0].T, cols[..., 1].T  # (K, b)
   c = np.arange(chunks)[:, None, None, None]  # axes: chunk, round, row, column
-  r, j = np.arange(a)[None, None, :, None], np.arange(b)[None, None, None, :]
   if len(leaves):
     r1, l1, r2, a1, l4, a2 = 5 * c, 5 * c + 1, 5 * c + 2, 5 * c + 3, 5 * c + 4, 5 * chunks + c
   else:
     r1, r2, a1, a2 = 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3
-  k = np.arange(1, b)[None, :, None, None]  # R1 and A2, round k: (r, j) -> (r, j + k)
-  to = (j + k) % b
-  tb.add_rows(r1, grid[r, j], grid[r, to], lo[c, to], lo[c, to], hi[c, to] - lo[c, to], REDUCE)
-  down = (r + np.arange(1, a)[None, :, None, None]) % a  # R2 and A1, round k: (r + k, j)
+  # Covers: round 1 of R1 and A2 from row 0 moves every column's range of the chunk, round 1
+  # of R2 and A1 every row's piece of its first column with elements.
+  first = np.argmax(hi > lo, axis=1)
+  along = (chunks, b - 1, a, b)  # R1 and A2, round k + 1: (r, j) -> (r, j + k + 1)
+  along_index = tb.index(along, lambda q, c, k, r, j: _grid_pairs(q, grid, c, k, 1),
+                         lambda c, k, r, j: [(c, 0, 0, j)])
+  across = (chunks, a - 1, a, b)  # R2 and A1, round k + 1: (r + k + 1, j)
+  across_index = tb.index(across, lambda q, c, k, r, j: _grid_pairs(q, grid, c, k, 0),
+                          lambda c, k, r, j: [(c, 0, r, first[c])])
+  c, k, r, j = along_index
+  to = (j + k + 1) % b
+  tb.add_rows(tb.at(r1, along, along_index), grid[r, j], grid[r, to], lo[c, to], lo[c, to],
+              hi[c, to] - lo[c, to], REDUCE)
+  c, k, r, j = across_index
+  down = (r + k + 1) % a
   piece = lambda row: lo[c, j] + (hi[c, j] - lo[c, j]) * row // a  # row's piece of (c, j)
-  tb.add_rows(r2, grid[r, j], grid[down, j], piece(down), piece(down),
-              piece(down + 1) - piece(down), REDUCE)
-  tb.add_rows(a1, grid[r, j], grid[down, j], piece(r), piece(r), piece(r + 1) - piece(r), COPY)
-  tb.add_rows(a2, grid[r, j], grid[r, to], lo[c, j], lo[c, j], hi[c, j] - lo[c, j], COPY)
+  tb.add_rows(tb.at(r2, across, across_index), grid[r, j], grid[down, j], piece(down),
+              piece(down), piece(down + 1) - piece(down), REDUCE)
+  tb.add_rows(tb.at(a1, across, across_index), grid[r, j], grid[down, j], piece(r), piece(r),
+              piece(r + 1) - piece(r), COPY)
+  c, k, r, j = along_index
+  tb.add_rows(tb.at(a2, along, along_index), grid[r, j], grid[r, to], lo[c, j], lo[c, j],
+              hi[c, j] - lo[c, j], COPY)
   if len(leaves):  # round k: leaf l into column (k + l) mod b, through row (l + c + column) mod a
-    leaf = np.arange(len(leaves))[None, None, :]
-    c, col = np.arange(chunks)[:, None, None], (np.arange(b)[None, :, None] + leaf) % b
+    shape = (chunks, b, len(leaves))
+    c, k, leaf = index = tb.index(
+        shape, lambda q, c, k, leaf: _leaf_pairs(q, grid, leaves, c, k, leaf, chunks),
+        lambda c, k, leaf: [(c, k, 0)])
+    col = (k + leaf) % b
     owner, start, n = grid[(leaf + c + col) % a, col], lo[c, col], hi[c, col] - lo[c, col]
-    tb.add_rows(l1[..., 0], leaves[leaf], owner, start, start, n, REDUCE)
-    tb.add_rows(l4[..., 0], owner, leaves[leaf], start, start, n, COPY)
-  return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)
+    tb.add_rows(tb.at(l1[..., 0], shape, index), leaves[leaf], owner, start, start, n, REDUCE)
+    tb.add_rows(tb.at(l4[..., 0], shape, index), owner, leaves[leaf], start, start, n, COPY)
+  if ranks is None:
+    return tb.build("all_reduce", p, length, itemsize, "optcc", chunks=chunks)
+  traffic = np.full(p, length, np.int64)  # a leaf sends and receives the buffer
+  traffic[grid] = _grid_traffic(length, hi - lo, a, len(leaves))
+  return tb.build_part("all_reduce", p, length, itemsize, "optcc", traffic, traffic,
+                       chunks=chunks)
+
+
+def _owner_pairs(ranks, owners: np.ndarray, c, k) -> list[tuple]:
+  """The transfers (chunk, round k, owner i) from owner i to owner i + k + 1 of the direct
+  form that the owners among ``ranks`` send and receive."""
+  at = positions(ranks, owners)
+  return [(c, k, at), (c, k, (at - k - 1) % len(owners))]
+
+
+def _owner_cover(pieces: np.ndarray, c, i) -> list[tuple]:
+  """Per chunk, a transfer (chunk, round k, owner) of the direct form into each owner ``i``
+  from one of the first two owners with a piece (``pieces``: the owners' grid): one of
+  positive length of every step of S2 and S3 that has one, as their steps depend on the chunk
+  and the receiver only."""
+  first = np.argsort(pieces[..., 1] <= pieces[..., 0], axis=0, kind="stable")[:2, c]
+  src = np.where(first[0] == i, first[1], first[0])
+  return [(c, (i - src) % len(pieces) - 1, src)]
+
+
+def _grid_pairs(ranks, grid: np.ndarray, c, k, axis: int) -> list[tuple]:
+  """The transfers (chunk, round k, row, column) of the grid form from an owner to the one
+  ``k + 1`` further along ``axis`` (1: its row, 0: its column) that the owners among
+  ``ranks`` send and receive."""
+  at = np.divmod(positions(ranks, grid), grid.shape[1])
+  back = list(at)
+  back[axis] = (at[axis] - k - 1) % grid.shape[axis]
+  return [(c, k, *at), (c, k, *back)]
+
+
+def _leaf_pairs(ranks, grid: np.ndarray, leaves: np.ndarray, c, k, leaf,
+                chunks: int) -> list[tuple]:
+  """The transfers (chunk, round k, leaf) between the grid form's leaves and owners that
+  ``ranks`` send and receive: all of a leaf's; owner ``(r, j)``'s with each leaf l in round
+  ``j - l`` of the chunks ``r - l - j`` mod a."""
+  a, b = grid.shape
+  r, j = np.divmod(positions(ranks, grid), b)
+  t = np.arange(-(-chunks // a)).reshape((-1,) + (1,) * r.ndim)  # chunk c + a t
+  return [(c, k, positions(ranks, leaves)), ((r - leaf - j) % a + a * t, (j - leaf) % b, leaf)]
+
+
+def _grid_traffic(length: int, sizes: np.ndarray, a: int, leaves: int) -> np.ndarray:
+  """The elements each owner of the grid form sends (as many as it receives), ``(a, b)``:
+  ``N + (a-2) s + (b-1) n + x`` for a column of ``n`` elements, its piece ``s`` of it and the
+  ``x`` it exchanges with leaves (``sizes``: ``(K, b)``, column j's chunk c)."""
+  chunks, b = sizes.shape
+  c, j = np.arange(chunks)[:, None], np.arange(b)
+  per_residue = np.bincount(np.arange(leaves) % a, minlength=a)
+  out = np.empty((a, b), np.int64)
+  for row in range(a):  # (K, b) at a time
+    piece = (sizes * (row + 1) // a - sizes * row // a).sum(axis=0)
+    with_leaves = (per_residue[(row - c - j) % a] * sizes).sum(axis=0)
+    out[row] = length + (a - 2) * piece + (b - 1) * sizes.sum(axis=0) + with_leaves
+  return out

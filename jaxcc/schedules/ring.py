@@ -12,8 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxcc.schedules.ir import COPY, REDUCE, Schedule, TableBuilder
+from jaxcc.schedules.ir import COPY, REDUCE, RankSchedule, Schedule, TableBuilder
 from jaxcc.schedules.pieces import equal_shards, piece_grid
+from jaxcc.schedules.tables import positions
 
 
 def add_ring_reduce_scatter(tb: TableBuilder, grid: np.ndarray, order: Sequence[int],
@@ -44,21 +45,33 @@ def _add_ring(tb, grid, order, step0, stride, chunk, lag, op) -> None:
   shard ``i - lag - j`` to position ``i + 1`` at step ``step0 + j * stride``."""
   order = np.asarray(order, np.int64)
   m = len(order)
-  step0, chunk = np.atleast_1d(step0)[:, None, None], np.atleast_1d(chunk)[:, None, None]
-  j, i = np.arange(m - 1)[None, :, None], np.arange(m)[None, None, :]
-  lo, hi = np.moveaxis(grid[(i - lag - j) % m, chunk], -1, 0)
-  tb.add_rows(step0 + j * stride, order[i], order[(i + 1) % m], lo, lo, hi - lo, op)
+  step0, chunk = np.atleast_1d(step0), np.atleast_1d(chunk)
+
+  def touching(r, e, j, i):  # position i sends, i + 1 receives
+    at = positions(r, order)
+    return [(e, j, at), (e, j, (at - 1) % m)]
+
+  def cover(e, j, i):  # per ring and step: the sender of the first shard with a piece
+    first = np.argmax(grid[:, chunk, 1] > grid[:, chunk, 0], axis=0)[e]
+    return [(e, j, (first + lag + j) % m)]
+
+  e, j, i = tb.index((len(step0), m - 1, m), touching, cover)
+  lo, hi = np.moveaxis(grid[(i - lag - j) % m, chunk[e]], -1, 0)
+  tb.add_rows(step0[e] + j * stride, order[i], order[(i + 1) % m], lo, lo, hi - lo, op)
 
 
-def ring(collective: str, length: int, p: int, itemsize: int, chunks: int) -> Schedule:
-  """Ring all_reduce, reduce_scatter or all_gather over ranks 0 -> 1 -> ... -> p-1 -> 0.
+def ring(collective: str, length: int, p: int, itemsize: int, chunks: int,
+         ranks=None) -> Schedule | RankSchedule:
+  """Ring all_reduce, reduce_scatter or all_gather over ranks 0 -> 1 -> ... -> p-1 -> 0; with
+  ``ranks``, the part of it that they send or receive (``TableBuilder.build_part``).
 
   Bytes sent per rank: ``2(p-1)/p * N`` for all_reduce, ``(p-1)/p * N`` for
   reduce_scatter and all_gather (N = the full buffer); steps: ``2(p-1)``,
   ``p-1`` and ``p-1`` per chunk, chunks pipelined.
   """
-  tb = TableBuilder()
-  grid = piece_grid(equal_shards(length, p), chunks)
+  tb = TableBuilder(ranks)
+  shards = equal_shards(length, p)
+  grid = piece_grid(shards, chunks)
   order = list(range(p))
   rs = collective in ("all_reduce", "reduce_scatter")
   ag = collective in ("all_reduce", "all_gather")
@@ -68,7 +81,13 @@ def ring(collective: str, length: int, p: int, itemsize: int, chunks: int) -> Sc
     add_ring_reduce_scatter(tb, grid, order, base, 1, np.arange(chunks))
   if ag:
     add_ring_all_gather(tb, grid, order, base + (p - 1) * int(rs), 1, np.arange(chunks))
-  return tb.build(collective, p, length, itemsize, "ring", chunks=chunks)
+  if ranks is None:
+    return tb.build(collective, p, length, itemsize, "ring", chunks=chunks)
+  # Rank i sends every shard but i (reduce-scatter) and but i + 1 (all-gather).
+  w = np.diff(shards)
+  sent = (length - w) * rs + (length - np.roll(w, -1)) * ag
+  received = (length - np.roll(w, 1)) * rs + (length - w) * ag
+  return tb.build_part(collective, p, length, itemsize, "ring", sent, received, chunks=chunks)
 
 
 def chain_broadcast(length: int, p: int, itemsize: int, chunks: int, root: int) -> Schedule:

@@ -1,5 +1,6 @@
 """Vectorised helpers over int64 key arrays: the sorting and grouping that the IR rules,
-the checker and the simulator run on schedule tables."""
+the checker and the simulator run on schedule tables, and the rank lookups of the builders that
+plan some ranks' rows (``TableBuilder(ranks)``)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,13 @@ def rank_in_group(keys, mask) -> np.ndarray:
   pos = np.arange(len(rows))
   out[rows] = pos - np.maximum.accumulate(np.where(starts(keys[rows]), pos, 0))
   return out
+
+
+def positions(ranks, members) -> np.ndarray:
+  """The positions in ``members`` (distinct ranks) of the ranks of ``ranks`` that it holds, as
+  ``ranks`` is shaped: along its first axis (``TableBuilder.index``'s ``touching``)."""
+  members = np.asarray(members, np.int64).reshape(-1)
+  at = np.full(max(int(members.max(initial=-1)), int(ranks.max(initial=-1))) + 1, -1, np.int64)
+  at[members] = np.arange(len(members))
+  at = at[ranks.reshape(-1)]
+  return at[at >= 0].reshape((-1,) + ranks.shape[1:])

@@ -1,17 +1,20 @@
 """Lower bounds on collective time over per-rank send/receive ports (optcc.md §2).
 
-Each bound is ``max(volume terms) + alpha_min``, and at least ``2 alpha_min``
-for an all_reduce:
+Each bound is ``max(volume terms) + alpha_min``, and at least
+``2 (alpha_min + 2 o_min)`` for an all_reduce:
 
 * each rank ``i`` must send at least ``out_i`` and receive at least ``in_i``
-  bytes, through ports of ``S_i`` and ``R_i`` bytes/s;
+  bytes, through ports of ``S_i`` and ``R_i`` bytes/s, in at least one message
+  each way, which holds the port ``o_i = topology.message_cost[i]`` beside its
+  bytes: ``out_i / S_i + o_i`` (where ``out_i > 0``), ``in_i / R_i + o_i``;
 * a collective needs at least ``V`` element transfers in total, and each one
   occupies one send port and one receive port: ``V / sum(S)`` and ``V / sum(R)``;
 * the last byte any rank needs arrives one message latency after it left a
   port, and a message latency is at least ``alpha_min``, the smallest
   ``topology.message_latency(i, j)`` over ``i != j``;
 * an all_reduce needs two hops: a rank cannot send and receive a range in one
-  step, so some rank's result comes in a message sent after one was delivered.
+  step, so some rank's result comes in a message sent after one was delivered;
+  each of the two holds a send and a receive port, ``2 o_min`` at least.
   With pipelining the second hop overlaps the transfers of the first, so it is
   not added to the volume terms (a direct all_reduce of 2 ranks in 64 chunks
   finishes before ``N / B + 2 alpha``).
@@ -51,7 +54,7 @@ ports outrun intra ones.
 A ppermute has its own bound: each pair ``(s, d)`` of its perm (``s != d``)
 moves ``N`` bytes through s's send port and d's receive port, and no rank is
 in two pairs on one side, so the bound is the slowest pair's
-``N / min(S_s, R_d) + topology.message_latency(s, d)``.
+``N / min(S_s, R_d) + o_s + o_d + topology.message_latency(s, d)``.
 """
 
 from __future__ import annotations
@@ -99,24 +102,31 @@ def lower_bound(collective: str, nbytes: float, topology: Topology, *, root: int
   n = float(nbytes)
   send = np.asarray(topology.send_bandwidth)
   recv = np.asarray(topology.recv_bandwidth)
+  cost = np.asarray(topology.message_cost)
   if collective == "ppermute":
-    return float(max((n / _pair_bandwidth(topology, s, d) + topology.message_latency(s, d)
-                      for s, d in perm if s != d), default=0.0))
+    return float(max((n / _pair_bandwidth(topology, s, d) + cost[s] + cost[d]
+                      + topology.message_latency(s, d) for s, d in perm if s != d), default=0.0))
   out, into, volume = _volumes(collective, n, p, root)
   if topology.cluster is None:
-    bandwidth_time = max((out / send).max(), (into / recv).max(),
+    bandwidth_time = max(_port_time(out, send, cost), _port_time(into, recv, cost),
                          volume / send.sum(), volume / recv.sum())
   else:
     bandwidth_time = _clustered_time(collective, n, topology, root, out, into)
   alpha = _min_latency(topology)
   if collective == "all_reduce":
-    return float(max(bandwidth_time + alpha, 2 * alpha))
+    return float(max(bandwidth_time + alpha, 2 * (alpha + 2 * cost.min())))
   return float(bandwidth_time + alpha)
 
 
 def fault_free_ring_time(nbytes: float, p: int, bandwidth: float) -> float:
   """``T_ff = 2 (p - 1) / p * N / B``: a ring all_reduce on ``p`` equal ports of ``B`` bytes/s."""
   return 2 * (p - 1) / p * nbytes / bandwidth
+
+
+def _port_time(nbytes: np.ndarray, rate: np.ndarray, cost: np.ndarray) -> float:
+  """The busiest port's least time: its bytes at its rate and, where it moves any, one message
+  cost."""
+  return float((nbytes / rate + np.where(nbytes > 0, cost, 0.0)).max())
 
 
 def _volumes(collective, n, p, root):
@@ -143,8 +153,10 @@ def _clustered_time(collective, n, topology: Topology, root, out, into) -> float
   rho = np.bincount(cluster, weights=irecv, minlength=num)
   intra_send = np.bincount(cluster, weights=send, minlength=num)
   intra_recv = np.bincount(cluster, weights=recv, minlength=num)
+  cost = np.asarray(topology.message_cost)
   crossing = num > 1  # one cluster: nothing crosses, the intra ports are the only ones
-  terms = [(out / (send + crossing * isend)).max(), (into / (recv + crossing * irecv)).max()]
+  terms = [_port_time(out, send + crossing * isend, cost),
+           _port_time(into, recv + crossing * irecv, cost)]
   if num > 1:
     if collective == "all_reduce":
       cut_out, cut_in, cross = np.full(num, n), np.full(num, n), 2 * (num - 1) * n

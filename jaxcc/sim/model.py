@@ -2,40 +2,51 @@
 
 ``algorithm="auto"`` prices its candidates with ``simulate`` while their
 tables are small; beyond ``planner.SIMULATED_TRANSFERS`` transfers it prices
-them here, in microseconds, without building a table. For ``p`` ranks with
-send ports ``S_i``, receive ports ``R_i``, ``N`` bytes and ``K`` chunks:
+them here, in seconds, without building a table; the pipeline depth
+(``planner.depth``) starts from the depth of the least time here. For ``p`` ranks
+with send ports ``S_i``, receive ports ``R_i``, message costs ``o_i``, ``N``
+bytes and ``K`` chunks:
 
-  time = bandwidth + fill + hops * alpha
+  time = ports + fill + hops * alpha
 
-* bandwidth: a ring runs at its slowest link ``min_i min(S_i, R_(i+1))``
+* ports: a ring runs at its slowest link ``min_i min(S_i, R_(i+1))``
   (every step waits for the previous one): ``2 (p-1) N / p`` over it for an
-  all_reduce, ``(p-1) N / p`` for reduce_scatter and all_gather; a chain
-  broadcast forwards ``K`` pieces store-and-forward over ``p - 1`` hops: the
-  first through every hop's send and receive port, the other ``K - 1`` at its
-  slowest link; a ppermute's pairs alike, over one hop. The others run at their
-  busiest port: direct ``2 (p-1) N / p`` (all_reduce) or ``(p-1) N / p`` per
-  rank each way; optcc ``N + (p-2) w_i`` with the shares ``w_i`` it plans
-  (``optcc.shares``); a direct broadcast's k-th copy leaves the root after
-  ``k N / S_root`` and is in ``N / R`` later.
-* fill: ``FILL[algorithm] / K`` of the bandwidth term, the pipeline's start
+  all_reduce, ``(p-1) N / p`` for reduce_scatter and all_gather, and
+  ``K`` times ``2 (p-1)`` (or ``p-1``) message costs of its costliest rank; a
+  chain broadcast forwards ``K`` pieces store-and-forward over ``p - 1`` hops:
+  the first through every hop's send and receive port, the other ``K - 1`` at
+  its slowest hop; a ppermute's pairs alike, over one hop. The others run at
+  their busiest port: its bytes at its rate plus ``K m_i o_i`` for its ``m_i``
+  messages per chunk: direct ``2 (p-1) N / p`` (all_reduce) or ``(p-1) N / p``
+  per rank each way in ``2 (p-1)`` or ``p-1`` messages; optcc ``N + (p-2) w_i``
+  with the shares ``w_i`` it plans (``optcc.shares``) in
+  ``optcc.messages_per_chunk``; a direct broadcast's k-th copy leaves the
+  root after ``k (o + N / S_root)`` and is in ``o + N / R`` later.
+* fill: ``FILL[algorithm] / K`` of the ports term, the pipeline's start
   and drain. The constants are the median of ``(simulate / bandwidth - 1) K``
   over p in 3..32, 0 to 3 stragglers at 0.25..0.9 and K in 1..32 (19,026
-  simulated schedules); ``tests/sim/test_model.py`` checks that the algorithm
-  priced cheapest here is the simulator's cheapest or within a few percent of
-  it (over its 480 cases: 0.16% slower on average, 7% at worst).
+  simulated schedules without message costs); ``tests/sim/test_model.py``
+  checks that the algorithm priced cheapest here is the simulator's cheapest
+  or within a few percent of it.
 * alpha: the smallest message latency (``lower_bound``'s); hops: the messages
   one piece passes in turn (ring ``p - 1`` per phase, the others 1 per phase).
+
+``pipeline_time`` extends it to the algorithms without a closed form
+(hierarchical, r2ccl, topologies of clusters): the lower bound's bandwidth
+term with the fill and message costs of a direct schedule.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from jaxcc.schedules.optcc import shares
+from jaxcc.schedules.optcc import messages_per_chunk, shares
+from jaxcc.sim.bounds import lower_bound
 from jaxcc.topology import Topology
 
 API = "jaxcc.sim.model_time"
 FILL = {"ring": 0.125, "direct": 0.06, "optcc": 0.52}
+FILL_OTHER = 0.5  # pipeline_time's fill for the algorithms without a closed form
 # The algorithms of each collective that have a closed form here.
 MODELLED = {
     "all_reduce": ("ring", "direct", "optcc"),
@@ -71,28 +82,52 @@ def model_time(collective: str, algorithm: str, nbytes: float, topology: Topolog
   send = np.asarray(topology.send_bandwidth)
   recv = np.asarray(topology.recv_bandwidth)
   latency = np.asarray(topology.latency)
+  cost = np.asarray(topology.message_cost)
   alpha = float(np.sort(latency)[1])
+  piece = n / k
   if collective == "ppermute":
-    return max((n / k * (1 / send[s] + 1 / recv[d]) + (k - 1) * n / k / min(send[s], recv[d])
-                + max(latency[s], latency[d]) for s, d in perm if s != d), default=0.0)
+    return max((_chain([s], [d], piece, k, send, recv, cost) + max(latency[s], latency[d])
+                for s, d in perm if s != d), default=0.0)
   if collective == "broadcast":
     if algorithm == "ring":
       order = (root + np.arange(p)) % p
-      frm, to = order[:-1], order[1:]
-      first = (n / k * (1 / send[frm] + 1 / recv[to])).sum()
-      return first + (k - 1) * n / k / np.minimum(send[frm], recv[to]).min() + (p - 1) * alpha
+      return _chain(order[:-1], order[1:], piece, k, send, recv, cost) + (p - 1) * alpha
     order = (root + np.arange(1, p)) % p
-    return float((np.arange(1, p) * n / send[root] + n / recv[order]).max() + alpha)
+    leave = np.arange(1, p) * (cost[root] + n / send[root])
+    return float((leave + cost[order] + n / recv[order]).max() + alpha)
   phases = 2 if collective == "all_reduce" else 1
   if algorithm == "ring":
     link = np.minimum(send, np.roll(recv, -1)).min()
-    bandwidth = phases * (p - 1) * n / p / link
+    ports = phases * (p - 1) * (n / p / link + k * cost.max())
     hops = phases * (p - 1)
   else:
     if algorithm == "optcc":
       volume = n + (p - 2) * shares(topology.bandwidth) * n
+      messages = k * cost * messages_per_chunk(topology.bandwidth)
     else:
       volume = np.full(p, phases * (p - 1) * n / p)
-    bandwidth = max((volume / send).max(), (volume / recv).max())
+      messages = k * cost * phases * (p - 1)
+    ports = max((volume / send + messages).max(), (volume / recv + messages).max())
     hops = phases
-  return float(bandwidth * (1 + FILL[algorithm] / k) + hops * alpha)
+  return float(ports * (1 + FILL[algorithm] / k) + hops * alpha)
+
+
+def pipeline_time(collective: str, algorithm: str, nbytes: float, topology: Topology,
+                  chunks: int, *, root: int = 0, perm=()) -> float:
+  """``model_time`` where it has a closed form; else the lower bound's bandwidth term ``T``
+  as a direct schedule pipelines it: ``T (1 + FILL_OTHER / K) + K m o`` with ``m`` a direct
+  schedule's messages per rank and chunk and ``o`` the costliest rank's message cost."""
+  if algorithm in MODELLED.get(collective, ()) and topology.cluster is None:
+    return model_time(collective, algorithm, nbytes, topology, chunks, root=root, perm=perm)
+  p, k = topology.size, max(int(chunks), 1)
+  messages = (2 if collective == "all_reduce" else 1) * max(p - 1, 1)
+  bandwidth = lower_bound(collective, nbytes, topology, root=root, perm=perm or None)
+  return bandwidth * (1 + FILL_OTHER / k) + k * messages * max(topology.message_cost)
+
+
+def _chain(frm, to, piece: float, k: int, send, recv, cost) -> float:
+  """``k`` pieces store-and-forward along the hops ``frm[h] -> to[h]``: the first through
+  every hop's ports, the others at the slowest hop."""
+  tx = cost[frm] + piece / send[frm]
+  rx = cost[to] + piece / recv[to]
+  return float((tx + rx).sum() + (k - 1) * np.maximum(tx, rx).max())

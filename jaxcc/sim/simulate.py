@@ -3,9 +3,10 @@
 Every rank has a send (tx) port of ``topology.send_bandwidth[i]`` and a
 receive (rx) port of ``topology.recv_bandwidth[i]`` bytes/s. A transfer of
 ``size = length * itemsize`` bytes is store-and-forward: it holds the sender's
-tx port for ``size / B_tx``, then waits for and holds the receiver's rx port for
-``size / B_rx``, and is delivered ``topology.message_latency(src, dst)`` later
-(with ``port_blocking_latency`` the rx port is held through the latency too).
+tx port for ``o_src + size / B_tx``, then waits for and holds the receiver's rx
+port for ``o_dst + size / B_rx`` (``o = topology.message_cost``), and is
+delivered ``topology.message_latency(src, dst)`` later (with
+``port_blocking_latency`` the rx port is held through the latency too).
 
 In a topology of clusters each rank has a second pair of ports, across
 clusters: a transfer inside a cluster uses the intra ports, one between
@@ -153,11 +154,11 @@ def _timing(schedule: Schedule, topology: Topology, port_blocking_latency: bool)
 
 
 def _ports(topology: Topology):
-  """The ports of ``topology`` as arrays: send, recv and latency per rank, and for clusters
-  (else None) cluster, relay (``Topology.relay``), inter_send, inter_recv and inter_latency per
-  rank."""
+  """The ports of ``topology`` as arrays: send, recv, latency and message cost per rank, and
+  for clusters (else None) cluster, relay (``Topology.relay``), inter_send, inter_recv and
+  inter_latency per rank."""
   ports = (np.asarray(topology.send_bandwidth), np.asarray(topology.recv_bandwidth),
-           np.asarray(topology.latency))
+           np.asarray(topology.latency), np.asarray(topology.message_cost))
   if topology.cluster is None:
     return (*ports, None)
   relay = np.array([topology.relay(r) for r in range(topology.size)])
@@ -170,11 +171,11 @@ def _hops(src, dst, size, topology: Topology, port_blocking_latency: bool):
   """The hops of every transfer: a list of ``(tx_port, rx_port, tx_s, rx_s, delay_s)`` arrays.
 
   Ports ``0..p-1`` are the ranks' intra (or only) ports, ``p..2p-1`` their
-  cross-cluster ports. Hop ``h`` of a transfer that takes fewer hops has
-  ``tx_port == -1``.
+  cross-cluster ports; a hop holds each of its ports for the port's rank's message cost
+  beside its bytes. Hop ``h`` of a transfer that takes fewer hops has ``tx_port == -1``.
   """
   p = topology.size
-  send, recv, latency, clusters = _ports(topology)
+  send, recv, latency, cost, clusters = _ports(topology)
   if clusters is None:
     hops = [(src, dst, size / send[src], size / recv[dst], np.maximum(latency[src], latency[dst]))]
   else:
@@ -193,6 +194,8 @@ def _hops(src, dst, size, topology: Topology, port_blocking_latency: bool):
               np.where(cross, np.maximum(ilat[a], ilat[b]), np.maximum(latency[src], latency[dst])))
     last = intra(b, dst, cross & (b != dst))
     hops = [h for h in (first, middle, last) if (h[0] >= 0).any()]
+  hops = [(txp, rxp, cost[txp % p] + tx, cost[rxp % p] + rx, delay)
+          for txp, rxp, tx, rx, delay in hops]
   if port_blocking_latency:
     hops = [(txp, rxp, tx, rx + delay, np.zeros_like(delay)) for txp, rxp, tx, rx, delay in hops]
   return hops

@@ -191,7 +191,7 @@ def test_coded_steps_forward_exactly_and_give_the_raw_result(codec, dtype):
 
 
 def test_a_ring_forwards_every_piece_after_the_first_step():
-  sched = plan("all_reduce", 4 * 4 * 1000, Topology.uniform(4, 1.0), "ring")
+  sched = plan("all_reduce", 4 * 4 * 1000, Topology.uniform(4, 1.0), "ring", chunks=1)
   steps, totals = _jaxcc_cpu.coded_plan(sched.serialized, sched.num_steps, 4, 0, sched.length,
                                         *ids("fixed", np.float32))
   (first, *rest) = [step[0] for step in steps]

@@ -36,7 +36,7 @@ def test_all_reduce_fluid_overhead(p, b, overhead):
 
 
 def test_all_reduce_latency_and_separate_ports():
-  topology = Topology((4.0, 2.0, 4.0), (1.0, 4.0, 4.0), (0.3, 0.1, 0.2))
+  topology = Topology((4.0, 2.0, 4.0), (1.0, 4.0, 4.0), (0.3, 0.1, 0.2), message_cost=0.0)
   # N / min R = 8 / 1 dominates; alpha_min = min over pairs of max(lat_i, lat_j) = 0.2.
   assert lower_bound("all_reduce", 8, topology) == pytest.approx(8 + 0.2)
   topology = Topology.from_bandwidths([4.0] * 4, recv_bandwidths=[1.0, 1.0, 1.0, 1.0])
@@ -48,7 +48,7 @@ def test_all_reduce_latency_and_separate_ports():
 def test_all_reduce_latency_hides_in_the_pipeline():
   # Direct all_reduce on 2 ranks in K = 64 chunks of one element per rank, latency 4: the
   # second hop overlaps the first, so the bound is N / B + alpha (+ 2 alpha is too much).
-  chunks, topology = 64, Topology.uniform(2, 1.0, latency=4.0)
+  chunks, topology = 64, Topology.uniform(2, 1.0, latency=4.0, message_cost=0.0)
   rows = []
   for c in range(chunks):
     a, b = 2 * c, 2 * c + 1  # Rank 0 owns element a, rank 1 element b of chunk c.
@@ -60,7 +60,25 @@ def test_all_reduce_latency_hides_in_the_pipeline():
   assert lower_bound("all_reduce", 2 * chunks, topology) == 2 * chunks + 4.0
   assert 2 * chunks + 4.0 < time < 2 * chunks + 2 * 4.0
   # With little data, two hops (a rank can't send and receive a range in one step): 2 alpha.
-  assert lower_bound("all_reduce", 1, Topology.uniform(2, 1.0, latency=4.0)) == 8.0
+  assert lower_bound("all_reduce", 1, Topology.uniform(2, 1.0, 4.0, message_cost=0.0)) == 8.0
+
+
+def test_message_costs_hold_each_port_once_and_two_hops_twice():
+  cost = 0.5
+  topology = Topology((4.0, 2.0, 4.0), (1.0, 4.0, 4.0), (0.3, 0.1, 0.2), message_cost=cost)
+  # Rank 0 receives N = 8 bytes at 1 byte/s in at least one message, then alpha_min 0.2.
+  assert lower_bound("all_reduce", 8, topology) == pytest.approx(8 + cost + 0.2)
+  # With little data: two hops, each through a send and a receive port.
+  two = Topology.uniform(2, 1.0, latency=4.0, message_cost=cost)
+  assert lower_bound("all_reduce", 1, two) == pytest.approx(2 * (4.0 + 2 * cost))
+  perm = [(1, 2)]
+  assert lower_bound("ppermute", 8, topology, perm=perm) == pytest.approx(8 / 2 + 2 * cost + 0.2)
+  # Each rank's own cost, on the side it moves bytes: rank 1 sends 8 bytes at 1 byte/s as
+  # the root, or receives them at 4.
+  costs = Topology.from_bandwidths([1.0] * 3, recv_bandwidths=[4.0] * 3,
+                                   message_cost=[0.0, 9.0, 0.5])
+  assert lower_bound("broadcast", 8, costs, root=1) == pytest.approx(8 + 9.0)
+  assert lower_bound("broadcast", 8, costs, root=0) == pytest.approx(8 / 4 + 9.0)
 
 
 def test_reduce_scatter_slow_receiver_needs_only_its_shard():
@@ -69,7 +87,8 @@ def test_reduce_scatter_slow_receiver_needs_only_its_shard():
           (1, 1, 2, 2, 2, 1, REDUCE), (2, 1, 0, 0, 0, 1, REDUCE), (2, 2, 1, 1, 1, 1, REDUCE)]
   schedule = build("reduce_scatter", 3, 3, rows)
   check(schedule)
-  topology = Topology.from_bandwidths([1.0] * 3, recv_bandwidths=[0.01, 1.0, 1.0])
+  topology = Topology.from_bandwidths([1.0] * 3, recv_bandwidths=[0.01, 1.0, 1.0],
+                                      message_cost=0.0)
   assert lower_bound("reduce_scatter", 3, topology) == pytest.approx(1 / 0.01)
   assert simulate(schedule, topology).time == pytest.approx(103)  # < (p - 1) N / (p R_0).
 
@@ -89,7 +108,7 @@ def test_reduce_scatter_and_all_gather():
 
 
 def test_broadcast():
-  topology = Topology.from_bandwidths([1.0, 2.0, 4.0, 4.0], latency=0.25)
+  topology = Topology.from_bandwidths([1.0, 2.0, 4.0, 4.0], latency=0.25, message_cost=0.0)
   assert lower_bound("broadcast", 8, topology) == pytest.approx(8 / 1.0 + 0.25)
   assert lower_bound("broadcast", 8, topology, root=2) == pytest.approx(8 / 1.0 + 0.25)
   # Slow senders: (p - 1) N element transfers through sum(S) of send capacity.
@@ -118,7 +137,8 @@ def test_bad_arguments(args, kwargs, message):
 
 
 def test_ppermute_is_bound_by_its_slowest_pair():
-  topology = Topology((4.0, 2.0, 4.0, 4.0), (4.0, 4.0, 1.0, 4.0), (0.1, 0.3, 0.2, 0.1))
+  topology = Topology((4.0, 2.0, 4.0, 4.0), (4.0, 4.0, 1.0, 4.0), (0.1, 0.3, 0.2, 0.1),
+                      message_cost=0.0)
   # Pair (1, 2): N / min(S_1, R_2) = 8 / 1 plus max(0.3, 0.2); the fixed point (3, 3) is free.
   perm = [(0, 1), (1, 2), (3, 3)]
   assert lower_bound("ppermute", 8, topology, perm=perm) == pytest.approx(8 / 1.0 + 0.3)

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from jaxcc import planner
-from jaxcc.schedules.depth import choose_chunks
 from jaxcc.sim import simulate
 from jaxcc.sim.model import MODELLED, model_time
 from jaxcc.topology import Topology
@@ -26,7 +25,8 @@ def _cases():
       for nbytes in (1 << 16, 1 << 24):
         for collective in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
           nbytes -= nbytes % (4 * p)
-          yield collective, nbytes, topo, choose_chunks(collective, nbytes, p)
+          yield collective, nbytes, topo, planner.depth(collective, nbytes // 4, 4, topo,
+                                                        "direct")
           yield collective, nbytes, topo, 4
 
 

@@ -19,11 +19,11 @@ simulate_module = importlib.import_module("jaxcc.sim.simulate")  # The name is t
 
 
 def straggler(p, b, bandwidth=1.0, latency=0.0):
-  return Topology.uniform(p, bandwidth, latency).with_straggler(p - 1, b)
+  return Topology.uniform(p, bandwidth, latency, message_cost=0.0).with_straggler(p - 1, b)
 
 
 def test_single_message_is_store_and_forward():
-  topology = Topology((2.0, 8.0), (5.0, 4.0), (0.5, 0.25))
+  topology = Topology((2.0, 8.0), (5.0, 4.0), (0.5, 0.25), message_cost=0.0)
   result = simulate(build("broadcast", 2, 10, [(0, 0, 1, 0, 0, 10, COPY)], itemsize=3),
                     topology)
   assert isinstance(result, SimResult)
@@ -37,6 +37,22 @@ def test_single_message_is_store_and_forward():
                       port_blocking_latency=True)
   assert blocking.time == pytest.approx(10 / 2 + 10 / 4 + 0.5)
   np.testing.assert_allclose(blocking.rx_busy, [0, 10 / 4 + 0.5])
+
+
+def test_a_message_holds_each_port_for_its_rank_message_cost():
+  topology = Topology((2.0, 8.0), (5.0, 4.0), (0.5, 0.25), message_cost=(1.0, 3.0))
+  one = [(0, 0, 1, 0, 0, 10, COPY)]
+  result = simulate(build("broadcast", 2, 10, one, itemsize=3), topology)
+  assert result.time == pytest.approx(1.0 + 30 / 2 + 3.0 + 30 / 4 + 0.5)
+  np.testing.assert_allclose(result.tx_busy, [16, 0])
+  np.testing.assert_allclose(result.rx_busy, [0, 10.5])
+  # Two pieces instead of one: each pays its message costs; the second's send overlaps the
+  # first's receive.
+  two = [(0, 0, 1, 0, 0, 5, COPY), (1, 0, 1, 5, 5, 5, COPY)]
+  result = simulate(build("broadcast", 2, 10, two, itemsize=3), topology)
+  assert result.time == pytest.approx(2 * (1.0 + 15 / 2) + 3.0 + 15 / 4 + 0.5)
+  np.testing.assert_allclose(result.tx_busy, [17, 0])
+  np.testing.assert_allclose(result.rx_busy, [0, 13.5])
 
 
 def test_empty_schedule():
@@ -60,7 +76,7 @@ def test_broken_schedules_are_rejected_naming_simulate():
 def test_latency_blocks_the_receive_port_only_when_asked():
   # Two messages into rank 2: the second waits for the rx port.
   schedule = build("all_gather", 3, 3, [(0, 0, 2, 0, 0, 1, COPY), (0, 1, 2, 1, 1, 1, COPY)])
-  topology = Topology.uniform(3, 1.0, latency=10.0)
+  topology = Topology.uniform(3, 1.0, latency=10.0, message_cost=0.0)
   assert simulate(schedule, topology).time == pytest.approx(1 + 2 + 10)
   assert simulate(schedule, topology, port_blocking_latency=True).time == pytest.approx(
       1 + 2 * (1 + 10))
@@ -69,17 +85,19 @@ def test_latency_blocks_the_receive_port_only_when_asked():
 def test_priority_is_step_then_row():
   # Rank 0 has a 2-element message of step 0 and a 1-element message of step 1, both ready.
   schedule = build("broadcast", 3, 3, [(1, 0, 2, 2, 2, 1, COPY), (0, 0, 1, 0, 0, 2, COPY)])
-  assert simulate(schedule, Topology.uniform(3, 1.0)).time == pytest.approx(4)  # Else 5.
+  fluid = Topology.uniform(3, 1.0, message_cost=0.0)
+  assert simulate(schedule, fluid).time == pytest.approx(4)  # Else 5.
   schedule = build("broadcast", 3, 3, [(0, 0, 1, 0, 0, 2, COPY), (0, 0, 2, 2, 2, 1, COPY)])
-  assert simulate(schedule, Topology.uniform(3, 1.0)).time == pytest.approx(4)
+  assert simulate(schedule, fluid).time == pytest.approx(4)
   schedule = build("broadcast", 3, 3, [(0, 0, 2, 2, 2, 1, COPY), (0, 0, 1, 0, 0, 2, COPY)])
-  assert simulate(schedule, Topology.uniform(3, 1.0)).time == pytest.approx(5)
+  assert simulate(schedule, fluid).time == pytest.approx(5)
 
 
 def test_ports_are_work_conserving():
   # Rank 0's step-1 send waits for data; its step-2 send goes first.
   rows = [(0, 1, 0, 0, 0, 1, COPY), (1, 0, 2, 0, 0, 1, COPY), (2, 0, 3, 1, 1, 3, COPY)]
-  result = simulate(build("broadcast", 4, 4, rows, root=1), Topology.uniform(4, 1.0))
+  result = simulate(build("broadcast", 4, 4, rows, root=1),
+                    Topology.uniform(4, 1.0, message_cost=0.0))
   # 0->3 holds the tx port over [0, 3]; 0->2 is ready at 2, sent over [3, 4], received at 5.
   assert result.time == pytest.approx(6)  # 0->3 is received over [3, 6].
 
@@ -88,14 +106,15 @@ def test_read_after_write_and_dataflow_overlap():
   # Chain 0 -> 1 -> 2 on [0, 1) (2.5 per hop) overlaps an independent 3 -> 4 on [1, 4) of
   # step 1, which starts at once: 6.5 in all, where step after step takes 2.5 + 6.5.
   rows = [(0, 0, 1, 0, 0, 1, COPY), (1, 1, 2, 0, 0, 1, COPY), (1, 3, 4, 1, 1, 3, COPY)]
-  topology = Topology.uniform(5, 1.0, latency=0.5)
+  topology = Topology.uniform(5, 1.0, latency=0.5, message_cost=0.0)
   assert simulate(build("broadcast", 5, 4, rows), topology).time == pytest.approx(6.5)
 
 
 def test_write_after_write():
   # Rank 0 gets [0, 4) from rank 1 (slow) then [0, 1) from rank 2 (step 1), then sends [0, 1).
   rows = [(0, 1, 0, 0, 0, 4, COPY), (1, 2, 0, 0, 0, 1, COPY), (2, 0, 3, 0, 0, 1, COPY)]
-  result = simulate(build("broadcast", 4, 4, rows, root=1), Topology.uniform(4, 1.0))
+  result = simulate(build("broadcast", 4, 4, rows, root=1),
+                    Topology.uniform(4, 1.0, message_cost=0.0))
   assert result.time == pytest.approx(10)  # 2->0 lands at 2 but applies after 1->0 at 8.
 
 
@@ -105,13 +124,14 @@ def test_write_after_read():
   # then can rank 0 forward [0, 1) (step 3) and rank 4 pass it on (step 4): done at 17, not 15.
   rows = [(0, 1, 0, 1, 1, 1, COPY), (1, 0, 2, 0, 0, 2, COPY), (2, 3, 0, 0, 0, 1, COPY),
           (3, 0, 4, 0, 0, 1, COPY), (4, 4, 5, 0, 0, 1, COPY)]
-  topology = Topology.from_bandwidths([1, 0.1, 1, 1, 1, 1], recv_bandwidths=[1] * 6)
+  topology = Topology.from_bandwidths([1, 0.1, 1, 1, 1, 1], recv_bandwidths=[1] * 6,
+                                      message_cost=0.0)
   assert simulate(build("broadcast", 6, 2, rows), topology).time == pytest.approx(17)
 
 
 def test_reduce_group_applies_at_its_last_delivery():
   rows = [(0, 1, 0, 0, 0, 1, REDUCE), (0, 2, 0, 0, 0, 1, REDUCE), (1, 0, 3, 0, 0, 1, COPY)]
-  topology = Topology((1.0,) * 4, (1.0,) * 4, (0.0, 0.0, 3.0, 0.0))
+  topology = Topology((1.0,) * 4, (1.0,) * 4, (0.0, 0.0, 3.0, 0.0), message_cost=0.0)
   # 1->0 delivered at 2, 2->0 at 3 + 3 = 6 (rx after 1->0); 0->3 then takes 2.
   assert simulate(build("all_reduce", 4, 1, rows), topology).time == pytest.approx(8)
 
@@ -149,7 +169,8 @@ def test_pipelined_ring_approaches_t_ff_over_b():
 
 def test_chain_broadcast_pipelines():
   p, chunks = 6, 16
-  result = simulate(chain_broadcast(p, 16, chunks=chunks), Topology.uniform(p, 1.0))
+  result = simulate(chain_broadcast(p, 16, chunks=chunks),
+                    Topology.uniform(p, 1.0, message_cost=0.0))
   # The first chunk takes p - 1 hops of tx + rx; the others follow at the port rate.
   assert result.time == pytest.approx((p - 1) * 2 + chunks - 1)
 
@@ -173,7 +194,7 @@ def test_optcc_table_ring_k4(p):
   # b = 1: every port busy from t = 0, plus the last piece's receive: T_ff + N / (p K).
   # optcc.md's simulator gives 1.8438 / 1.9219 / 1.9609: it starts a port on the first
   # message ready in event order, before equal-time events can ready a higher priority one.
-  uniform = simulate(schedule, Topology.uniform(p, 1.0)).time / schedule.nbytes
+  uniform = simulate(schedule, Topology.uniform(p, 1.0, message_cost=0.0)).time / schedule.nbytes
   assert uniform == pytest.approx(fault_free_ring_time(1.0, p, 1.0) + 1 / (4 * p))
 
 
@@ -212,9 +233,10 @@ def test_optcc_absolute_example_ring_k16():
 
 
 @pytest.mark.parametrize("topology", [
-    Topology.uniform(6, 3.0, latency=0.1),
-    Topology.from_bandwidths([1, 2, 3, 4, 5, 6], latency=0.01),
-    Topology.from_bandwidths([4, 4, 4, 4, 4, 4], recv_bandwidths=[1, 8, 8, 8, 8, 2]),
+    Topology.uniform(6, 3.0, latency=0.1, message_cost=0.05),
+    Topology.from_bandwidths([1, 2, 3, 4, 5, 6], latency=0.01, message_cost=0.0),
+    Topology.from_bandwidths([4, 4, 4, 4, 4, 4], recv_bandwidths=[1, 8, 8, 8, 8, 2],
+                             message_cost=[0.3, 0, 0, 0.1, 0, 0.2]),
 ])
 def test_never_below_the_lower_bound(topology):
   for schedule in (ring_all_reduce(6, chunks=4), direct("all_reduce", 6, shard=4),
@@ -271,9 +293,10 @@ def topologies(p):
   sizes = [p // 2, p - p // 2]
   inter = [1e9 if r % 2 == 0 else 0.0 for r in range(p)]  # odd ranks relay through even ones
   inter[sizes[0]] = 5e8  # every cluster has a border rank
-  out = [Topology.from_bandwidths([3e9] * (p - 1) + [1e9], 2e-6,
-                                  [2e9] + [3e9] * (p - 1)).with_straggler(0, 0.75),
-         Topology.clusters(sizes, [4e9, 2e9], inter, latency=1e-6, inter_latency=5e-6)]
+  out = [Topology.from_bandwidths([3e9] * (p - 1) + [1e9], 2e-6, [2e9] + [3e9] * (p - 1),
+                                  [1e-6 * (r % 3) for r in range(p)]).with_straggler(0, 0.75),
+         Topology.clusters(sizes, [4e9, 2e9], inter, latency=1e-6, inter_latency=5e-6,
+                           message_cost=2e-7)]
   if p >= 3:
     out.append(Topology.clusters([1, p - 2, 1], 4e9, 1e9, latency=3e-7).with_straggler(
         p - 1, 0.5, level="inter"))
@@ -334,21 +357,22 @@ def random_schedule(rng, p, length, steps):
 def random_topology(rng, p):
   send, recv = rng.uniform(1.0, 4.0, p), rng.uniform(1.0, 4.0, p)
   latency = rng.choice([0.0, 0.1, 0.37], p)
+  cost = tuple(rng.choice([0.0, 0.05, 0.2], p))
   if p < 2 or rng.random() < 0.4:
-    return Topology(tuple(send), tuple(recv), tuple(latency))
+    return Topology(tuple(send), tuple(recv), tuple(latency), message_cost=cost)
   cut = int(rng.integers(1, p))
   cluster = tuple([0] * cut + [1] * (p - cut))
   inter = np.where(rng.random(p) < 0.5, rng.uniform(0.2, 1.0, p), 0.0)
   inter[0] = inter[cut] = 0.5  # a border rank in each cluster
   return Topology(tuple(send), tuple(recv), tuple(latency), cluster, tuple(inter), tuple(inter),
-                  tuple(rng.choice([0.0, 0.5, 1.25], p)))
+                  tuple(rng.choice([0.0, 0.5, 1.25], p)), cost)
 
 
 def test_native_equals_python_on_large_schedules(both_paths):
   # Large enough for the CPU module to share the work between two threads.
   flat = straggler(32, 0.5, 25e9, 1e-6)
   relays = Topology.clusters([12, 12], 25e9, [2.5e9 if r % 3 == 0 else 0.0 for r in range(24)],
-                             latency=1e-6, inter_latency=4e-6)
+                             latency=1e-6, inter_latency=4e-6, message_cost=1e-6)
   rng = np.random.default_rng(3)
   cases = ((plan("all_reduce", 1 << 26, flat, "optcc"), flat),
            (plan("all_reduce", 1 << 24, relays, "hierarchical", chunks=64), relays),
@@ -370,7 +394,7 @@ def test_native_equals_python_on_random_schedules(both_paths):
 def test_native_rejects_inconsistent_input():
   native = ffi.cpu_module_or_none()
   schedule = ring_all_reduce(4)
-  topology = Topology.uniform(4, 1.0)
+  topology = Topology.uniform(4, 1.0, message_cost=0.0)
   ports = simulate_module._ports(topology)
   args = (schedule.table, 1.0, 4, schedule.length, schedule.num_steps)
   assert native.simulate(*args, *ports, False)[0] == simulate(schedule, topology).time
@@ -386,16 +410,18 @@ def test_native_rejects_inconsistent_input():
     native.simulate(*args, ports[0][:3], *ports[1:], False)
   with pytest.raises(ValueError, match="finite bandwidths"):
     native.simulate(*args, ports[0] * 0, *ports[1:], False)
-  clusters = simulate_module._ports(Topology.clusters([2, 2], 1.0, [1.0, 0.0, 1.0, 0.0]))[3]
+  with pytest.raises(ValueError, match="finite message cost"):
+    native.simulate(*args, *ports[:3], ports[3] - 1, *ports[4:], False)
+  clusters = simulate_module._ports(Topology.clusters([2, 2], 1.0, [1.0, 0.0, 1.0, 0.0]))[4]
   with pytest.raises(ValueError, match="relay"):
-    native.simulate(*args, *ports[:3], (clusters[0], clusters[1] + 1, *clusters[2:]), False)
+    native.simulate(*args, *ports[:4], (clusters[0], clusters[1] + 1, *clusters[2:]), False)
 
 
 @pytest.mark.parametrize("stragglers", [((1, 0.5),), ((1, 0.5), (32, 0.75)),
                                         ((1, 0.5), (32, 0.75), (63, 0.3))])
 def test_optcc_with_a_leaf_is_within_one_percent_of_the_bound(stragglers):
   """p = 64, 16 chunks, fluid: a leaf (0.5, or 0.3), with or without a slower owner (0.75)."""
-  topology = Topology.uniform(64, 1.0)
+  topology = Topology.uniform(64, 1.0, message_cost=0.0)
   for rank, fraction in stragglers:
     topology = topology.with_straggler(rank, fraction)
   schedule = optcc(64 * 4099, 64, 4, 16, topology.send_bandwidth)

@@ -340,6 +340,7 @@ NB_MODULE(_jaxcc_cpu, m) {
       [](nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> table,
          double itemsize, int64_t nranks, int64_t length, int64_t num_steps,
          const Vector<double>& send, const Vector<double>& recv, const Vector<double>& latency,
+         const Vector<double>& message_cost,
          const std::optional<std::tuple<Vector<int64_t>, Vector<int64_t>, Vector<double>,
                                         Vector<double>, Vector<double>>>& clusters,
          bool port_blocking_latency) {
@@ -349,7 +350,8 @@ NB_MODULE(_jaxcc_cpu, m) {
                                       std::to_string(jaxcc::kColumns));
         }
         const jaxcc::SimTable t{table.data(), static_cast<int64_t>(table.shape(0))};
-        jaxcc::SimNetwork network{View(send), View(recv), View(latency), clusters.has_value(),
+        jaxcc::SimNetwork network{View(send), View(recv), View(latency), View(message_cost),
+                                  clusters.has_value(),
                                   {}, {}, {}, {}, {}, port_blocking_latency};
         if (clusters) {
           const auto& [cluster, relay, inter_send, inter_recv, inter_latency] = *clusters;
@@ -371,11 +373,11 @@ NB_MODULE(_jaxcc_cpu, m) {
       },
       nb::arg("table"), nb::arg("itemsize"), nb::arg("nranks"), nb::arg("length"),
       nb::arg("num_steps"), nb::arg("send"), nb::arg("recv"), nb::arg("latency"),
-      nb::arg("clusters").none(), nb::arg("port_blocking_latency"),
+      nb::arg("message_cost"), nb::arg("clusters").none(), nb::arg("port_blocking_latency"),
       "jaxcc.sim.simulate's timing of a Schedule.table (sorted by step) over a Topology's "
-      "per-rank ports: send, recv and latency, and clusters (cluster, relay, inter_send, "
-      "inter_recv, inter_latency) or None. Returns (completion time, writes never applied, tx "
-      "and rx busy seconds per port (2 nranks), bytes sent and received per rank).");
+      "per-rank ports: send, recv, latency and message_cost, and clusters (cluster, relay, "
+      "inter_send, inter_recv, inter_latency) or None. Returns (completion time, writes never "
+      "applied, tx and rx busy seconds per port (2 nranks), bytes sent and received per rank).");
   m.def(
       "hmac_sha256",
       [](nb::bytes key, nb::bytes data) {

@@ -51,8 +51,9 @@ using Array = std::vector<T, NoInit<T>>;
 
 // simulate.py's _hops, a transfer at a time. Ports 0..p-1 are the ranks'
 // intra (or only) ports, p..2p-1 their cross-cluster ports; a hop holds its
-// tx port for size / send bandwidth and its rx port for size / receive
-// bandwidth, and its delay is the larger latency of the two ports.
+// tx port for the message cost plus size / send bandwidth and its rx port for
+// the message cost plus size / receive bandwidth, and its delay is the larger
+// latency of the two ports.
 class Hops {
  public:
   Hops(const SimTable& t, double itemsize, const SimNetwork& n)
@@ -63,6 +64,7 @@ class Hops {
       send_.push_back(intra ? n.send[q] : n.inter_send[q]);
       recv_.push_back(intra ? n.recv[q] : n.inter_recv[q]);
       latency_.push_back(intra ? n.latency[q] : n.inter_latency[q]);
+      cost_.push_back(n.message_cost[q]);
     }
   }
   // The hops transfer x takes (bit h for hop h), and the ports of each.
@@ -78,9 +80,11 @@ class Hops {
     return static_cast<uint8_t>((cross && a != src) | 2 | (cross && b != dst) << 2);
   }
   double Size(int64_t x) const { return static_cast<double>(t_(x, kLength)) * itemsize_; }
-  double Tx(Index tx_port, double size) const { return size / send_[tx_port]; }
+  double Tx(Index tx_port, double size) const {
+    return cost_[tx_port] + size / send_[tx_port];
+  }
   double Rx(Index tx_port, Index rx_port, double size) const {
-    const double rx = size / recv_[rx_port];
+    const double rx = cost_[rx_port] + size / recv_[rx_port];
     return n_.port_blocking_latency ? rx + Latency(tx_port, rx_port) : rx;
   }
   double Delay(Index tx_port, Index rx_port) const {
@@ -96,7 +100,7 @@ class Hops {
   double itemsize_;
   const SimNetwork& n_;
   Index p_;
-  std::vector<double> send_, recv_, latency_;  // per port
+  std::vector<double> send_, recv_, latency_, cost_;  // per port
 };
 
 // Sorts `v`, which consists of few ascending runs, by merging the runs.
@@ -873,12 +877,14 @@ std::string Check(const SimTable& t, double itemsize, int64_t nranks, int64_t le
   // The ports of the Topology's rules, so that every time is a number >= 0.
   auto bandwidth = [](double b) { return b > 0 && std::isfinite(b); };
   auto latency = [](double s) { return s >= 0 && std::isfinite(s); };
-  for (const Span<double>* a : {&n.send, &n.recv, &n.latency}) {
+  for (const Span<double>* a : {&n.send, &n.recv, &n.latency, &n.message_cost}) {
     if (a->size != nranks) return "needs per-rank ports for " + std::to_string(nranks) + " ranks";
   }
   for (int64_t r = 0; r < nranks; ++r) {
-    if (!bandwidth(n.send[r]) || !bandwidth(n.recv[r]) || !latency(n.latency[r])) {
-      return at("rank ", r) + ": needs finite bandwidths > 0 and a finite latency >= 0";
+    if (!bandwidth(n.send[r]) || !bandwidth(n.recv[r]) || !latency(n.latency[r]) ||
+        !latency(n.message_cost[r])) {
+      return at("rank ", r) +
+             ": needs finite bandwidths > 0, a finite latency >= 0 and a finite message cost >= 0";
     }
   }
   if (!n.clusters) return "";

@@ -28,10 +28,11 @@ struct SimTable {
   int64_t operator()(int64_t row, int64_t column) const { return data[row * kColumns + column]; }
 };
 
-// The ports of a Topology, one entry per rank. `clusters` false: a flat
-// topology, and the other fields are unused.
+// The ports of a Topology, one entry per rank (message_cost: seconds a
+// message holds each port of the rank beside its bytes). `clusters` false: a
+// flat topology, and the other fields are unused.
 struct SimNetwork {
-  Span<double> send, recv, latency;
+  Span<double> send, recv, latency, message_cost;
   bool clusters;
   Span<int64_t> cluster, relay;  // Topology.cluster and Topology.relay(rank)
   Span<double> inter_send, inter_recv, inter_latency;
