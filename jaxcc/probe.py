@@ -16,6 +16,8 @@ the transport itself, no JAX program per round. Then:
 3. Latency: a rank's latency inside its cluster (and across) is the shortest
    one-way time of its pairs there (a message from ``i`` to ``j`` arrives
    ``max(latency[i], latency[j])`` after its last byte left).
+4. Message cost: a rank's is the smallest of its pairs' (a pair's is the work
+   per message at its busier end).
 
 Bytes sent per rank: ``jaxcc.network.probe``'s. On 8 testbed hosts at
 200 Mbit/s inside two clusters and 20 Mbit/s across: see ``jaxcc bench probe``.
@@ -27,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxcc.network import native_probe
-from jaxcc.topology import Topology
+from jaxcc.topology import MESSAGE_COST, Topology
 
 _API = "jaxcc.probe_topology"
 _NEAR_TOP = 0.8  # a port's rate: the median of its pairs within this of its second fastest
@@ -58,9 +60,9 @@ def probe_topology(mesh: Mesh, axis_name: str, *, nbytes: int = 128 << 10,
   """
   _check(mesh, axis_name, nbytes, seconds, cluster_gap)
   m = native_probe.probe(first_bytes=nbytes, seconds=seconds)
-  procs = process_of_ranks(mesh)
-  return topology_from_rates(m.rates[np.ix_(procs, procs)], cluster_gap,
-                             m.one_way[np.ix_(procs, procs)])
+  procs = np.ix_(*[process_of_ranks(mesh)] * 2)
+  return topology_from_rates(m.rates[procs], cluster_gap, m.one_way[procs],
+                             m.message_cost[procs])
 
 
 def process_of_ranks(mesh: Mesh) -> np.ndarray:
@@ -69,7 +71,8 @@ def process_of_ranks(mesh: Mesh) -> np.ndarray:
 
 
 def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0,
-                        one_way: np.ndarray | None = None) -> Topology:
+                        one_way: np.ndarray | None = None,
+                        message_cost: np.ndarray | None = None) -> Topology:
   """The Topology of a measured ``[src, dst]`` rate matrix (bytes/s, diagonal ignored).
 
   Clusters: ranks joined by a pair above the widest gap (at least
@@ -77,7 +80,9 @@ def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0,
   its slower end (so that a straggler's slow port does not cut it off); each
   rank's ports: its fastest rate to and from its cluster, and across; its
   latency at each level: the shortest of ``one_way`` (``[src, dst]``
-  seconds; None or NaN: 0) over its pairs there, either way.
+  seconds; None or NaN: 0) over its pairs there, either way; its message
+  cost: the smallest of ``message_cost`` (``[src, dst]`` seconds) over all
+  its pairs (None or none measured: ``topology.MESSAGE_COST``).
 
   Raises:
     ValueError: a cluster's ranks are not consecutive along the axis (the
@@ -90,6 +95,7 @@ def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0,
     return Topology.uniform(1, 1.0)
   one_way = np.full((p, p), np.nan) if one_way is None else np.asarray(one_way, float)
   one_way = np.fmin(one_way, one_way.T)
+  cost = _message_cost(message_cost, off)
   pair = np.fmax(rates, rates.T)  # a pair belongs together if either direction is fast
   fastest = np.max(np.where(off, pair, -np.inf), axis=1)
   # Over the slower end's fastest pair: a straggler's own slow port leaves it in its cluster.
@@ -100,7 +106,7 @@ def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0,
   cluster = _components(relative > values[cut], p)
   if ratios[cut] < cluster_gap or len(set(cluster)) == 1:
     return Topology(tuple(_port_rate(rates, off, 1)), tuple(_port_rate(rates, off, 0)),
-                    _latency(one_way, off))
+                    _latency(one_way, off), message_cost=cost)
   if any(b < a for a, b in zip(cluster, cluster[1:])):
     raise ValueError(f"{_API}: the measured clusters {cluster} are not consecutive along the "
                      "axis; build the mesh with the devices of each cluster next to each other")
@@ -108,7 +114,7 @@ def topology_from_rates(rates: np.ndarray, cluster_gap: float = 2.0,
   cross = ~np.equal.outer(cluster, cluster)
   return Topology(tuple(_port_rate(rates, same, 1)), tuple(_port_rate(rates, same, 0)),
                   _latency(one_way, same), tuple(cluster), tuple(_port_rate(rates, cross, 1)),
-                  tuple(_port_rate(rates, cross, 0)), _latency(one_way, cross))
+                  tuple(_port_rate(rates, cross, 0)), _latency(one_way, cross), cost)
 
 
 def _port_rate(rates: np.ndarray, mask: np.ndarray, axis: int) -> np.ndarray:
@@ -139,6 +145,17 @@ def _latency(one_way: np.ndarray, mask: np.ndarray) -> tuple[float, ...]:
   """Per rank the shortest one-way time of ``mask``'s pairs (0 where none was measured)."""
   shortest = np.min(np.where(mask & ~np.isnan(one_way), one_way, np.inf), axis=1)
   return tuple(float(t) if np.isfinite(t) else 0.0 for t in shortest)
+
+
+def _message_cost(pairs: np.ndarray | None, off: np.ndarray) -> tuple[float, ...] | None:
+  """Per rank the smallest message cost of its pairs, either way; None where none of the
+  ranks has a measured pair (the Topology's default), ``MESSAGE_COST`` for a rank without."""
+  if pairs is None or np.isnan(np.where(off, pairs, np.nan)).all():
+    return None
+  pairs = np.asarray(pairs, float)
+  pairs = np.where(off, np.fmin(pairs, pairs.T), np.inf)
+  smallest = np.min(np.where(np.isnan(pairs), np.inf, pairs), axis=1)
+  return tuple(float(c) if np.isfinite(c) else MESSAGE_COST for c in smallest)
 
 
 def _components(adjacent: np.ndarray, p: int) -> list[int]:

@@ -51,6 +51,22 @@ def test_a_flat_network_stays_flat_and_a_lone_rank_is_a_straggler():
   assert pair.cluster == (0, 0, 1, 1) and pair.inter_send_bandwidth == (2e6,) * 4
 
 
+def test_message_costs_are_each_ranks_smallest_pair_and_default_where_unmeasured():
+  rates = _rates([25e6] * 4, [25e6] * 4, [0, 0, 1, 1], [2e6] * 4, [2e6] * 4)
+  cost = np.array([[np.nan, 20e-6, 40e-6, np.nan],
+                   [25e-6, np.nan, 30e-6, 50e-6],
+                   [40e-6, 30e-6, np.nan, 60e-6],
+                   [np.nan, 70e-6, 60e-6, np.nan]])
+  got = probe.topology_from_rates(rates, one_way=None, message_cost=cost)
+  assert got.cluster == (0, 0, 1, 1)
+  np.testing.assert_allclose(got.message_cost, [20e-6, 20e-6, 30e-6, 50e-6])
+  assert probe.topology_from_rates(rates).message_cost == (jaxcc.topology.MESSAGE_COST,) * 4
+  unmeasured = np.full((4, 4), np.nan)
+  unmeasured[0, 1] = 5e-6
+  np.testing.assert_allclose(probe.topology_from_rates(rates, message_cost=unmeasured)
+                             .message_cost, [5e-6, 5e-6] + [jaxcc.topology.MESSAGE_COST] * 2)
+
+
 @pytest.mark.parametrize("fraction", [0.5, 0.25])
 def test_a_straggler_is_a_slow_port_not_a_cluster(fraction):
   send = [25e6, 25e6, 25e6 * fraction, 25e6]

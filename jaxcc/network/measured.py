@@ -53,7 +53,7 @@ _API = "jaxcc.network.MeasuredNetwork"
 logger = logging.getLogger("jaxcc")
 _BANDWIDTHS = ("send_bandwidth", "recv_bandwidth", "inter_send_bandwidth",
                "inter_recv_bandwidth")
-_LATENCIES = ("latency", "inter_latency")
+_PER_MESSAGE = ("latency", "inter_latency", "message_cost")  # seconds per message
 _SPOT_SECONDS = 0.1  # what a spot check takes, until one was timed
 
 
@@ -199,12 +199,13 @@ class MeasuredNetwork:
     host.allgather(b"")  # every process is here, none computing: the probe times the network
     start = time.monotonic()
     m = native_probe.probe()
-    rates, one_way = (a[np.ix_(self._procs, self._procs)] for a in (m.rates, m.one_way))
+    rates, one_way, cost = (a[np.ix_(self._procs, self._procs)]
+                            for a in (m.rates, m.one_way, m.message_cost))
     try:
-      measured = probe_lib.topology_from_rates(rates, self._cluster_gap, one_way)
+      measured = probe_lib.topology_from_rates(rates, self._cluster_gap, one_way, cost)
     except ValueError as e:  # clusters apart along the axis: planned as one flat network
       logger.warning("jaxcc: %s; planning on a flat network", e)
-      measured = probe_lib.topology_from_rates(rates, np.inf, one_way)
+      measured = probe_lib.topology_from_rates(rates, np.inf, one_way, cost)
     topology = snap(measured, current, self.threshold / 2)
     self.events.append(Event(self.steps, "probe", time.monotonic() - start, topology, why))
     return topology
@@ -224,8 +225,8 @@ class MeasuredNetwork:
 def snap(measured: Topology, current: Topology | None, tolerance: float) -> Topology:
   """``measured`` with each port within ``tolerance`` of ``current``'s kept at that value (same
   clusters); without a current one, ports within ``tolerance`` of each other take their
-  median; latencies: the median of each level, in whole microseconds, kept at ``current``'s
-  unless it halved or doubled."""
+  median; latencies and message costs: the median of each, in whole microseconds, kept at
+  ``current``'s unless it halved or doubled."""
   fields = {}
   same = current is not None and current.cluster == measured.cluster
   for name in _BANDWIDTHS:
@@ -239,7 +240,7 @@ def snap(measured: Topology, current: Topology | None, tolerance: float) -> Topo
       fields[name] = tuple(np.where(near, old, new))
     else:
       fields[name] = tuple(_grouped(new, tolerance))
-  for name in _LATENCIES:
+  for name in _PER_MESSAGE:
     values = getattr(measured, name)
     if values is None:
       continue
@@ -247,7 +248,7 @@ def snap(measured: Topology, current: Topology | None, tolerance: float) -> Topo
     if same and getattr(current, name) is not None:
       old = getattr(current, name)[0]
       if old == level or old > 0 and level > 0 and abs(np.log(level / old)) <= np.log(2):
-        level = old  # latency is timed through Python's wake-ups: only a doubling counts
+        level = old  # timed through Python's wake-ups: only a doubling counts
     fields[name] = (level,) * len(values)
   return dataclasses.replace(measured, **fields)
 

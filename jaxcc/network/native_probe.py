@@ -11,7 +11,13 @@ consecutive processes in one round fewer than the largest cluster. Each round:
    round (host messages ``done`` and ``ready``).
 2. Latency: ``pings`` one-byte ping-pongs with the receiver; the pair's
    one-way time is half the shortest round trip.
-3. Rate: a settle message (``settle_bytes``: a token bucket's burst and TCP's
+3. Message cost: ``burst`` one-byte messages sent back to back, answered
+   once the last is in. A process sends its burst and takes in its sender's,
+   one message at a time, so beyond a round trip the time ``T`` from its
+   first send to the answer is ``burst`` messages' work per role it has in
+   the round (sender, receiver): the pair's message cost is
+   ``(T - 2 one_way) / (roles * burst)``.
+4. Rate: a settle message (``settle_bytes``: a token bucket's burst and TCP's
    start) and straight after it a timed one on the same connection; the
    receiver's transport times both by the kernel's receive stamps
    (``host.FrameLog``), and the rate is the timed frame's bytes over the time
@@ -48,15 +54,19 @@ class Measurement(NamedTuple):
     rates: ``[src, dst]`` bytes/s (NaN on the diagonal).
     one_way: ``[src, dst]`` seconds, half the shortest round trip (NaN on
       the diagonal, or where ``pings`` was 0).
+    message_cost: ``[src, dst]`` seconds of work per message at the pair's
+      ends (NaN on the diagonal, or where ``pings`` or ``burst`` was 0).
     seconds: the probe's wall time on this process.
   """
   rates: np.ndarray
   one_way: np.ndarray
+  message_cost: np.ndarray
   seconds: float
 
 
 def probe(*, settle_bytes: int = 512 << 10, first_bytes: int = 128 << 10,
-          seconds: float = 0.08, pings: int = 3, timeout_s: float | None = None) -> Measurement:
+          seconds: float = 0.08, pings: int = 3, burst: int = 16,
+          timeout_s: float | None = None) -> Measurement:
   """Time every ordered pair of the job's processes (every process must call it).
 
   Args:
@@ -65,15 +75,17 @@ def probe(*, settle_bytes: int = 512 << 10, first_bytes: int = 128 << 10,
     seconds: the time a pair's timed messages should take; shorter ones are
       timed again, sized by their first rate.
     pings: round trips per pair for its latency (0: none).
+    burst: messages per pair sent back to back for its message cost (0: none).
     timeout_s: the limit of each wait (default ``JAXCC_TIMEOUT_S``).
 
   Raises:
     ValueError: an argument out of range.
     RuntimeError: a process did not answer in time or its connection was lost.
   """
-  if settle_bytes < 1 or first_bytes < 1 or not seconds > 0 or pings < 0:
+  if settle_bytes < 1 or first_bytes < 1 or not seconds > 0 or pings < 0 or burst < 0:
     raise ValueError("jaxcc.network.probe: settle_bytes and first_bytes must be >= 1, seconds "
-                     f"> 0 and pings >= 0; got {settle_bytes}, {first_bytes}, {seconds}, {pings}")
+                     "> 0, pings and burst >= 0; got "
+                     f"{settle_bytes}, {first_bytes}, {seconds}, {pings}, {burst}")
   me, p = host.start()
   timeout_s = config.timeout_s() if timeout_s is None else timeout_s
   start = host.now_ns()
@@ -81,16 +93,16 @@ def probe(*, settle_bytes: int = 512 << 10, first_bytes: int = 128 << 10,
   cpu.tcp_unpace()
   sizes = np.full((p, p), first_bytes, np.int64)
   np.fill_diagonal(sizes, 0)
-  rates, one_way = _rounds(me, p, sizes, settle_bytes, pings, timeout_s)
-  rates, one_way = _gather(rates, one_way, me)
+  rates, one_way, cost = _rounds(me, p, sizes, settle_bytes, pings, burst if pings else 0,
+                                 timeout_s)
+  rates, one_way, cost = _gather(rates, one_way, cost)
   short = (sizes > 0) & ~(sizes / rates >= seconds / 2)
   if short.any():
     sizes = np.where(short, np.clip(np.nan_to_num(rates) * seconds, first_bytes,
                                     _GROWTH * first_bytes), 0).astype(np.int64)
-    again, _ = _rounds(me, p, sizes, settle_bytes, 0, timeout_s)
-    again, _ = _gather(again, np.full(p, np.nan), me)
-    rates = np.where(short, again, rates)
-  return Measurement(rates, one_way, (host.now_ns() - start) / 1e9)
+    again = _rounds(me, p, sizes, settle_bytes, 0, 0, timeout_s)[0]
+    rates = np.where(short, _gather(again)[0], rates)
+  return Measurement(rates, one_way, cost, (host.now_ns() - start) / 1e9)
 
 
 def pair_rounds(pairs: np.ndarray) -> list[np.ndarray]:
@@ -116,16 +128,17 @@ def pair_rounds(pairs: np.ndarray) -> list[np.ndarray]:
   return rounds
 
 
-def _rounds(me: int, p: int, sizes: np.ndarray, settle_bytes: int, pings: int,
-            timeout_s: float) -> tuple[np.ndarray, np.ndarray]:
-  """This process' receive rates ``[src]`` and one-way times ``[dst]`` over the pairs where
-  ``sizes`` is above 0, in ``pair_rounds``."""
+def _rounds(me: int, p: int, sizes: np.ndarray, settle_bytes: int, pings: int, burst: int,
+            timeout_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """This process' receive rates ``[src]``, one-way times ``[dst]`` and message costs
+  ``[dst]`` over the pairs where ``sizes`` is above 0, in ``pair_rounds``."""
   cpu = ffi.load().cpu
   log = host.FrameLog()
   rates = np.full(p, np.nan)
   one_way = np.full(p, np.nan)
+  cost = np.full(p, np.nan)
   rounds = pair_rounds(sizes > 0)
-  per_round = 4 + 2 * pings
+  per_round = 5 + 2 * pings + burst
   first = host.Tags.take(per_round * len(rounds))
   records = []
   last_dst, last_round = None, 0  # the receiver of this process' last data, not yet done
@@ -137,9 +150,10 @@ def _rounds(me: int, p: int, sizes: np.ndarray, settle_bytes: int, pings: int,
     dst = int(to[me]) if to[me] >= 0 else None
     senders = np.flatnonzero(to == me)
     src = int(senders[0]) if len(senders) else None
-    ready, done, ping, pong, settle, timed = _round_tags(first + i * per_round, pings)
+    ready, done, ping, pong, settle, timed, volley, answer = _round_tags(first + i * per_round,
+                                                                          pings, burst)
     if last_dst is not None:  # the last receiver has every byte this process sent it
-      recv(last_dst, _round_tags(first + last_round * per_round, pings)[1])
+      recv(last_dst, _round_tags(first + last_round * per_round, pings, burst)[1])
       last_dst = None
     if src is not None:
       cpu.tcp_send_bytes(src, ready, _TOKEN)
@@ -155,6 +169,19 @@ def _rounds(me: int, p: int, sizes: np.ndarray, settle_bytes: int, pings: int,
       if dst is not None:
         recv(dst, pong + r)
         one_way[dst] = np.fmin(one_way[dst], (host.now_ns() - began) / 2e9)
+    if burst:
+      began = host.now_ns()
+      if dst is not None:
+        for r in range(burst):
+          cpu.tcp_send_bytes(dst, volley + r, _TOKEN)
+      if src is not None:
+        for r in range(burst):
+          recv(src, volley + r)
+        cpu.tcp_send_bytes(src, answer, _TOKEN)
+      if dst is not None:
+        recv(dst, answer)
+        beyond = (host.now_ns() - began) / 1e9 - 2 * one_way[dst]
+        cost[dst] = max(beyond, 0.0) / ((1 + (src is not None)) * burst)
     if dst is not None:  # built first, then queued back to back: no gap between the frames
       payload = bytes(int(sizes[me, dst]))
       cpu.tcp_send_bytes(dst, settle, bytes(settle_bytes))
@@ -167,8 +194,8 @@ def _rounds(me: int, p: int, sizes: np.ndarray, settle_bytes: int, pings: int,
       records.append(log.read())
       rates[src] = _rate(np.concatenate(records), src, settle, timed)
   if last_dst is not None:
-    recv(last_dst, _round_tags(first + last_round * per_round, pings)[1])
-  return rates, one_way
+    recv(last_dst, _round_tags(first + last_round * per_round, pings, burst)[1])
+  return rates, one_way, cost
 
 
 def spot_check(expected: np.ndarray, shifts: tuple[int, ...], *, settle_bytes: int = 512 << 10,
@@ -185,14 +212,16 @@ def spot_check(expected: np.ndarray, shifts: tuple[int, ...], *, settle_bytes: i
     on[np.arange(p), (np.arange(p) + k) % p] = True
   sizes = np.where(on, np.maximum(np.nan_to_num(expected) * seconds, 128 << 10), 0).astype(
       np.int64)
-  rates, _ = _rounds(me, p, sizes, settle_bytes, 0, timeout_s)
-  rates, _ = _gather(rates, np.full(p, np.nan), me)
-  return np.where(on, rates, np.nan)
+  rates = _rounds(me, p, sizes, settle_bytes, 0, 0, timeout_s)[0]
+  return np.where(on, _gather(rates)[0], np.nan)
 
 
-def _round_tags(base: int, pings: int) -> tuple[int, int, int, int, int, int]:
-  """ready, done, the first ping, the first pong, settle, timed."""
-  return base, base + 1, base + 2, base + 2 + pings, base + 2 + 2 * pings, base + 3 + 2 * pings
+def _round_tags(base: int, pings: int, burst: int) -> tuple[int, ...]:
+  """ready, done, the first ping, the first pong, settle, timed, the burst's first message
+  and its answer."""
+  after = base + 4 + 2 * pings
+  return (base, base + 1, base + 2, base + 2 + pings, after - 2, after - 1, after,
+          after + burst)
 
 
 def _rate(records: np.ndarray, src: int, settle: int, timed: int) -> float:
@@ -206,9 +235,12 @@ def _rate(records: np.ndarray, src: int, settle: int, timed: int) -> float:
   return float(ends[timed]["bytes"]) / gap if gap > 0 else float("nan")
 
 
-def _gather(rates: np.ndarray, one_way: np.ndarray, me: int) -> tuple[np.ndarray, np.ndarray]:
-  """Every process' column of rates (its receives) and row of one-way times, as matrices."""
+def _gather(rates: np.ndarray, *rows: np.ndarray) -> tuple[np.ndarray, ...]:
+  """Every process' column of rates (its receives) and ``rows`` (per destination), as
+  ``[src, dst]`` matrices."""
   p = len(rates)
-  rows = host.allgather(struct.pack(f"<{2 * p}d", *rates, *one_way))
-  got = np.array([struct.unpack(f"<{2 * p}d", r) for r in rows])  # [process, 2p]
-  return got[:, :p].T.copy(), got[:, p:].copy()
+  values = np.concatenate([rates, *rows])
+  got = np.array([struct.unpack(f"<{len(values)}d", r)
+                  for r in host.allgather(struct.pack(f"<{len(values)}d", *values))])
+  return (got[:, :p].T.copy(),) + tuple(got[:, p * (k + 1):p * (k + 2)].copy()
+                                        for k in range(len(rows)))
