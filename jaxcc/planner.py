@@ -27,7 +27,7 @@ from jaxcc.schedules.optcc import messages_per_chunk, optcc, orderings
 from jaxcc.schedules.permute import permute
 from jaxcc.schedules.r2ccl import r2ccl
 from jaxcc.schedules.ring import chain_broadcast, ring
-from jaxcc.sim.model import MODELLED, model_time, pipeline_time
+from jaxcc.sim.model import MODELLED, model_time, optcc_min_owners, pipeline_time
 from jaxcc.topology import Topology
 
 ALGORITHMS = {
@@ -156,7 +156,10 @@ def depth(collective: str, length: int, itemsize: int, topology: Topology, algor
 def _depth(collective, length, itemsize, topology, algorithm, root, perm) -> int:
   if collective == "broadcast" and algorithm == "direct":
     return 1  # one whole copy per rank: nothing to pipeline
-  rank = 2 * int(messages_per_chunk(topology.bandwidth).max()) if algorithm == "optcc" else None
+  rank = None
+  if algorithm == "optcc":
+    owners = optcc_min_owners(length * itemsize, topology)
+    rank = 2 * int(messages_per_chunk(topology.bandwidth, owners).max())
   limit = depth_limit(collective, length, topology.size, rank)
   depths = [1 << i for i in range(limit.bit_length())]
   i = min(range(len(depths)), key=lambda i: pipeline_time(
@@ -254,12 +257,13 @@ def _modelled(collective: str, algorithm: str, topology: Topology, chunks: int) 
 def _optcc_lags(length: int, itemsize: int, topology: Topology, chunks: int):
   """OptCC's ordering (``optcc.orderings``) that the simulator times fastest on ``topology``
   (ties: the first) where its table has at most ``PRICED_ORDERINGS`` rows, else the first."""
-  bw = topology.bandwidth
-  lags = orderings(bw)
-  if len(lags) == 1 or int(messages_per_chunk(bw).sum()) * chunks > PRICED_ORDERINGS:
+  bw, owners = topology.bandwidth, optcc_min_owners(length * itemsize, topology)
+  lags = orderings(bw, owners)
+  if len(lags) == 1 or int(messages_per_chunk(bw, owners).sum()) * chunks > PRICED_ORDERINGS:
     return lags[0]
   return min(lags, key=lambda lag: sim.simulate(
-      optcc(length, topology.size, itemsize, chunks, bw, lags=lag), topology).time)
+      optcc(length, topology.size, itemsize, chunks, bw, lags=lag, min_owners=owners),
+      topology).time)
 
 
 def _rows(collective: str, algorithm: str, p: int, chunks: int) -> int:
@@ -324,7 +328,8 @@ def _part(collective, length, itemsize, topology, algorithm, root, chunks, perm,
     part = direct(collective, length, p, itemsize, chunks, ranks)
   else:
     part = optcc(length, p, itemsize, chunks, topology.bandwidth, ranks,
-                 _optcc_lags(length, itemsize, topology, chunks))
+                 _optcc_lags(length, itemsize, topology, chunks),
+                 optcc_min_owners(length * itemsize, topology))
   return dataclasses.replace(part, digest=digest)
 
 
@@ -346,5 +351,6 @@ def _build(collective, length, itemsize, topology, algorithm, root, chunks, perm
     return hierarchical(collective, length, itemsize, chunks, topology)
   if algorithm == "optcc":
     return optcc(length, p, itemsize, chunks, topology.bandwidth,
-                 lags=_optcc_lags(length, itemsize, topology, chunks))
+                 lags=_optcc_lags(length, itemsize, topology, chunks),
+                 min_owners=optcc_min_owners(length * itemsize, topology))
   return r2ccl(length, p, itemsize, chunks, topology.bandwidth)

@@ -10,7 +10,8 @@ from jaxcc.schedules import COPY, REDUCE, ScheduleError, depth_limit, optimal_sh
 from jaxcc.schedules import optcc as optcc_module
 from jaxcc.schedules.depth import MAX_CHUNKS, MAX_RANK_TRANSFERS
 from jaxcc.schedules.ir import DST, HEADER_LEN, SRC, TABLE_MAGIC, TABLE_VERSION, read_table
-from jaxcc.sim import check
+from jaxcc.sim import check, simulate
+from jaxcc.sim import model as sim_model
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
@@ -306,6 +307,27 @@ def test_optcc_grid_form_is_proved_and_balances_ports(p, stragglers, chunks, len
     np.testing.assert_array_equal(volume[leaves], length)
   steps = 6 if len(leaves) else 4
   assert s.num_steps <= steps * chunks
+
+
+@pytest.mark.parametrize("p", [64, 128])
+def test_optcc_takes_the_grid_form_below_512_owners_where_messages_cost(p):
+  """At 30 us a message the grid's fewer messages win, as the simulator confirms; without
+  message costs, and with too few owners, the direct form runs."""
+  n = 1 << 28
+  costly = Topology.uniform(p, 25e9).with_straggler(1, 0.5)
+  assert optcc_module.grid_layout(costly.bandwidth) is None
+  assert sim_model.optcc_min_owners(n, costly) == optcc_module.GRID_FEWEST_OWNERS
+  s = schedule("all_reduce", n // 4, 4, costly, "optcc")
+  grid, leaves = optcc_module.grid_layout(costly.bandwidth, optcc_module.GRID_FEWEST_OWNERS)
+  per_chunk = 2 * grid.size * (sum(grid.shape) - 2) + 2 * grid.shape[1] * len(leaves)
+  assert len(s.table) == s.chunks * per_chunk
+  direct = min(simulate(optcc_module.optcc(n // 4, p, 4, k, costly.bandwidth), costly).time
+               for k in (1, 2, 4))
+  assert simulate(s, costly).time < 0.9 * direct
+  fluid = Topology.uniform(p, 25e9, message_cost=0.0).with_straggler(1, 0.5)
+  assert sim_model.optcc_min_owners(n, fluid) == optcc_module.GRID_MIN_OWNERS
+  few = Topology.uniform(16, 25e9).with_straggler(1, 0.5)
+  assert sim_model.optcc_min_owners(n, few) == optcc_module.GRID_MIN_OWNERS
 
 
 def test_optcc_takes_the_grid_form_from_512_owners_and_goes_deeper():

@@ -55,6 +55,14 @@ hop has every owner of column j receive ``b - 1`` pieces of column j's range
 whatever its own port, so owners of unequal ports balance only where each
 column's owners share one speed; ranks slower than the fastest are leaves
 (at most ``GRID_SLACK`` over water-filling), else the direct form runs.
+Where messages cost something the grid's fewer messages outweigh its later
+drain well below 512 owners: from ``GRID_FEWEST_OWNERS`` owners on the
+planner takes it where the closed-form model prices it faster at its best
+depth (``sim.model.optcc_min_owners``). At 30 us a message, 256 MiB per rank
+of 25 GB/s, one straggler at 0.5: p = 64 1.31x the bound (the direct form at
+its best depth 1.53x), p = 128 1.31x (1.79x), p = 256 1.43x (2.22x). With
+fewer owners its fill (a skinny grid's first hop) costs more than the
+messages save (p = 24, 5 us: 1.10x against 1.08x).
 """
 
 from __future__ import annotations
@@ -71,8 +79,10 @@ from jaxcc.schedules.pieces import piece_grid, tapered_grid
 from jaxcc.schedules.tables import positions
 
 # The grid form (``grid_layout``): from this many owners of the fastest port on, where its
-# equal shares are at most GRID_SLACK slower than water-filling's in the fluid model.
+# equal shares are at most GRID_SLACK slower than water-filling's in the fluid model; from
+# GRID_FEWEST_OWNERS on where message costs make it faster (``sim.model.optcc_min_owners``).
 GRID_MIN_OWNERS = 512
+GRID_FEWEST_OWNERS = 32
 GRID_SLACK = 1e-3
 # With leaves, the chunks the owners' all-gather into a slower owner and into a fastest one
 # trails its chunk's reduce-scatter by (None: after every other step); the default first.
@@ -94,10 +104,10 @@ def optimal_shares(bandwidth: Sequence[float]) -> np.ndarray:
   return w / w.sum()
 
 
-def shares(bandwidth: Sequence[float]) -> np.ndarray:
+def shares(bandwidth: Sequence[float], min_owners: int = GRID_MIN_OWNERS) -> np.ndarray:
   """Fractions ``w_i / N`` that ``optcc`` gives each rank: equal on its grid, else
   ``optimal_shares``."""
-  layout = grid_layout(bandwidth)
+  layout = grid_layout(bandwidth, min_owners)
   if layout is None:
     return optimal_shares(bandwidth)
   w = np.zeros(len(bandwidth))
@@ -105,12 +115,13 @@ def shares(bandwidth: Sequence[float]) -> np.ndarray:
   return w
 
 
-def messages_per_chunk(bandwidth: Sequence[float]) -> np.ndarray:
+def messages_per_chunk(bandwidth: Sequence[float],
+                       min_owners: int = GRID_MIN_OWNERS) -> np.ndarray:
   """Per rank, the most transfers it sends in a chunk (as many as it receives), shape
   ``(p,)``: ``2 (m - 1) + l`` for each of m owners and m for each of l leaves in the direct
   form; ``2 (a + b - 2) + ceil(l / a)`` for an owner and ``b`` for a leaf on an ``(a, b)``
   grid."""
-  layout = grid_layout(bandwidth)
+  layout = grid_layout(bandwidth, min_owners)
   if layout is None:
     owns = optimal_shares(bandwidth) > 0
     m = int(owns.sum())
@@ -121,28 +132,30 @@ def messages_per_chunk(bandwidth: Sequence[float]) -> np.ndarray:
   return out
 
 
-def orderings(bandwidth: Sequence[float]) -> tuple[tuple[int | None, int | None], ...]:
+def orderings(bandwidth: Sequence[float], min_owners: int = GRID_MIN_OWNERS
+              ) -> tuple[tuple[int | None, int | None], ...]:
   """The ``lags`` of ``optcc`` worth pricing on ``bandwidth``: ``ORDERINGS`` in the direct
   form with leaves and owners of unequal ports, else the default alone."""
-  w = shares(bandwidth)
+  w = shares(bandwidth, min_owners)
   owners = np.asarray(bandwidth)[w > 0]
-  if grid_layout(bandwidth) is None and (w == 0).any() and owners.min() < owners.max():
+  if (grid_layout(bandwidth, min_owners) is None and (w == 0).any()
+      and owners.min() < owners.max()):
     return ORDERINGS
   return ORDERINGS[:1]
 
 
 def optcc(length: int, p: int, itemsize: int, chunks: int, bandwidth: Sequence[float],
-          ranks=None, lags: tuple[int | None, int | None] = ORDERINGS[0]
-          ) -> Schedule | RankSchedule:
+          ranks=None, lags: tuple[int | None, int | None] = ORDERINGS[0],
+          min_owners: int = GRID_MIN_OWNERS) -> Schedule | RankSchedule:
   """OptCC all_reduce for ranks with port bandwidths ``bandwidth``; with ``ranks``, the part
   of it that they send or receive (``TableBuilder.build_part``).
 
   Bytes sent (and received) per rank: ``N + (p-2) w_i``; steps: 4 per chunk with leaves,
-  2 without; on its grid (``grid_layout``) 6 and 4. ``lags``: where the direct form with
-  leaves places the owners' all-gather (``ORDERINGS``).
+  2 without; on its grid (``grid_layout`` from ``min_owners`` owners on) 6 and 4. ``lags``:
+  where the direct form with leaves places the owners' all-gather (``ORDERINGS``).
   """
   bw = np.asarray(bandwidth, dtype=np.float64)
-  layout = grid_layout(bw)
+  layout = grid_layout(bw, min_owners)
   if layout is not None:
     return _grid_optcc(length, p, itemsize, chunks, *layout, ranks=ranks)
   tb = TableBuilder(ranks)
@@ -209,7 +222,7 @@ def _grid_layout(bandwidth: tuple[float, ...], min_owners: int):
   p = len(bw)
   full = np.flatnonzero(bw == bw.max(initial=0.0))
   m = len(full)
-  if m < max(min_owners, 4):
+  if m < max(min_owners, 4):  # a 2 x 2 grid at least
     return None
   a = max(range(max(2, math.isqrt(m) // 2), math.isqrt(m) + 1), key=lambda a: (-(m % a), a))
   b = m // a

@@ -20,8 +20,9 @@ bytes and ``K`` chunks:
   messages per chunk: direct ``2 (p-1) N / p`` (all_reduce) or ``(p-1) N / p``
   per rank each way in ``2 (p-1)`` or ``p-1`` messages; optcc ``N + (p-2) w_i``
   with the shares ``w_i`` it plans (``optcc.shares``) in
-  ``optcc.messages_per_chunk``; a direct broadcast's k-th copy leaves the
-  root after ``k (o + N / S_root)`` and is in ``o + N / R`` later.
+  ``optcc.messages_per_chunk``, in the form ``optcc_min_owners`` picks; a
+  direct broadcast's k-th copy leaves the root after ``k (o + N / S_root)``
+  and is in ``o + N / R`` later.
 * fill: ``FILL[algorithm] / K`` of the ports term, the pipeline's start
   and drain. The constants are the median of ``(simulate / bandwidth - 1) K``
   over p in 3..32, 0 to 3 stragglers at 0.25..0.9 and K in 1..32 (19,026
@@ -40,12 +41,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcc.schedules.optcc import messages_per_chunk, shares
+import functools
+
+from jaxcc.schedules.depth import depth_limit
+from jaxcc.schedules.optcc import (GRID_FEWEST_OWNERS, GRID_MIN_OWNERS, grid_layout,
+                                   messages_per_chunk, shares)
 from jaxcc.sim.bounds import lower_bound
 from jaxcc.topology import Topology
 
 API = "jaxcc.sim.model_time"
 FILL = {"ring": 0.125, "direct": 0.06, "optcc": 0.52}
+# OptCC's grid form (optcc.grid_layout), measured as FILL at p = 64 to 256 with one or two
+# stragglers and K in 1..16: 0.3-1.1, less on larger grids (0.6 on 15 x 17 at a straggler of
+# 0.5); smaller grids fill for longer (1-2.9 on 2 x 3 to 3 x 5), where the grid is not priced.
+FILL_GRID = 0.6
 FILL_OTHER = 0.5  # pipeline_time's fill for the algorithms without a closed form
 # The algorithms of each collective that have a closed form here.
 MODELLED = {
@@ -102,14 +111,48 @@ def model_time(collective: str, algorithm: str, nbytes: float, topology: Topolog
     hops = phases * (p - 1)
   else:
     if algorithm == "optcc":
-      volume = n + (p - 2) * shares(topology.bandwidth) * n
-      messages = k * cost * messages_per_chunk(topology.bandwidth)
-    else:
-      volume = np.full(p, phases * (p - 1) * n / p)
-      messages = k * cost * phases * (p - 1)
-    ports = max((volume / send + messages).max(), (volume / recv + messages).max())
+      return _optcc_time(n, topology, k, optcc_min_owners(n, topology)) + phases * alpha
+    volume = np.full(p, phases * (p - 1) * n / p)
+    ports = _busiest_port(volume, k * cost * phases * (p - 1), send, recv)
     hops = phases
   return float(ports * (1 + FILL[algorithm] / k) + hops * alpha)
+
+
+@functools.lru_cache(maxsize=256)
+def optcc_min_owners(nbytes: float, topology: Topology) -> int:
+  """The ``min_owners`` of the OptCC schedule the planner builds (``optcc.grid_layout``):
+  ``GRID_FEWEST_OWNERS`` where the grid form at its least modelled time is faster than the
+  direct form at its, both over the depths the direct form allows, else
+  ``GRID_MIN_OWNERS``. Without message costs the direct form is never slower at one depth;
+  with them the grid's ``4 (a + b)`` messages per rank and chunk against ``4 (p-1)`` can be."""
+  bw = topology.bandwidth
+  if grid_layout(bw) is not None or grid_layout(bw, GRID_FEWEST_OWNERS) is None:
+    return GRID_MIN_OWNERS
+  limit = depth_limit("all_reduce", int(nbytes), topology.size,
+                      2 * int(messages_per_chunk(bw).max()))
+  depths = [1 << i for i in range(limit.bit_length())]
+  least = {m: min(_optcc_time(float(nbytes), topology, k, m) for k in depths)
+           for m in (GRID_MIN_OWNERS, GRID_FEWEST_OWNERS)}
+  return GRID_FEWEST_OWNERS if least[GRID_FEWEST_OWNERS] < least[GRID_MIN_OWNERS] else (
+      GRID_MIN_OWNERS)
+
+
+def _optcc_time(n: float, topology: Topology, k: int, min_owners: int) -> float:
+  """OptCC's modelled time without latency: its busiest port's ``N + (p-2) w_i`` bytes and
+  ``K m_i`` messages, with its fill."""
+  bw, p = topology.bandwidth, topology.size
+  volume = n + (p - 2) * shares(bw, min_owners) * n
+  messages = k * np.asarray(topology.message_cost) * messages_per_chunk(bw, min_owners)
+  ports = _busiest_port(volume, messages, np.asarray(topology.send_bandwidth),
+                        np.asarray(topology.recv_bandwidth))
+  fill = FILL["optcc"] if grid_layout(bw, min_owners) is None else FILL_GRID
+  return float(ports * (1 + fill / k))
+
+
+def _busiest_port(volume, message_seconds, send, recv) -> float:
+  """The longest any port is busy: its bytes at its rate plus its messages' costs."""
+  return float(max((volume / send + message_seconds).max(),
+                   (volume / recv + message_seconds).max()))
 
 
 def pipeline_time(collective: str, algorithm: str, nbytes: float, topology: Topology,
