@@ -103,6 +103,19 @@ def test_a_virtual_device_run_writes_table_json_and_plot(tmp_path, capsys):
   assert (tmp_path / "rows.png").stat().st_size > 10_000
 
 
+def test_an_all_reduce_schedule_runs_at_the_depth_its_name_gives():
+  assert collective.split_depth("optcc@64") == ("optcc", 64)
+  assert collective.split_depth("optcc") == ("optcc", None)
+  for bad, message in (("optcc@0", "integer >= 1"), ("psum@4", "only all_reduce's schedules"),
+                       ("ring@x", "integer >= 1")):
+    with pytest.raises(ValueError, match=message):
+      collective.run("all_reduce", 4, 1 << 20, algorithms=[bad], progress=False)
+  rows = collective.run("all_reduce", 4, 256 << 10, configurations=({3: 0.5},),
+                        algorithms=["optcc", "optcc@2"], repeats=1, progress=False)
+  assert [r["algorithm"] for r in rows] == ["optcc", "optcc@2"]
+  assert rows[1]["measured_s"] > 0 and rows[1]["simulated_s"] >= rows[1]["lower_bound_s"]
+
+
 @pytest.mark.multiprocess
 def test_a_testbed_run_is_network_bound_and_tears_down(tmp_path, capsys, monkeypatch):
   require()

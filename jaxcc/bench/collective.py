@@ -82,7 +82,8 @@ def run(collective: str, ranks: int, nbytes: int, *, rate: str | float = "200mbi
       or a pair ``(intra, inter)`` of them; ``{}`` is fault-free.
     algorithms: names from ``ALGORITHMS[collective]``; by default all but
       "hierarchical" on a flat network, and the lax twin, ring and
-      hierarchical on clusters.
+      hierarchical on clusters. An all_reduce schedule may name its pipeline
+      depth, ``"optcc@64"`` (``split_depth``); plain names run at the default.
     repeats: timed runs per algorithm and configuration, after one warm-up.
     testbed: run on an emulated cluster (jaxcc.testbed) instead of virtual devices.
     clusters: sizes of consecutive clusters along the ranks; None: flat.
@@ -160,6 +161,24 @@ def default_algorithms(collective: str, clusters: Sequence[int] | None) -> tuple
   return tuple(a for a in ALGORITHMS[collective] if a != "hierarchical")
 
 
+def split_depth(name: str) -> tuple[str, int | None]:
+  """``"optcc@64"`` -> ``("optcc", 64)``: an algorithm at an explicit pipeline depth (chunks);
+  ``"optcc"`` -> ``("optcc", None)``: at the planner's default."""
+  algorithm, at, chunks = name.partition("@")
+  if at and not (chunks.isdigit() and int(chunks) > 0):
+    raise ValueError(f"bench: {name!r}: the depth after '@' must be an integer >= 1, "
+                     "e.g. 'optcc@64'")
+  return algorithm, int(chunks) if at else None
+
+
+def effective(topology: Topology, efficiency: float) -> Topology:
+  """``topology`` with every port's bandwidth times ``efficiency`` (the calibrated rates)."""
+  return dataclasses.replace(topology, **{
+      name: tuple(b * efficiency for b in getattr(topology, name))
+      for name in ("send_bandwidth", "recv_bandwidth", "inter_send_bandwidth",
+                   "inter_recv_bandwidth") if getattr(topology, name) is not None})
+
+
 def measure(collective: str, topology: Topology, nbytes: int, algorithms: Sequence[str],
             repeats: int, cluster: Cluster | None = None, count_bytes: bool = False,
             progress: Progress | None = None, label: str = "") -> list[dict]:
@@ -213,10 +232,14 @@ def _check(collective, ranks, nbytes, configurations, algorithms, repeats, rate,
   if not isinstance(nbytes, int) or nbytes <= 0 or nbytes % quantum:
     raise ValueError(f"bench: the size of {collective} on {ranks} ranks must be a positive "
                      f"multiple of {quantum} bytes (float32), got {nbytes!r}")
-  unknown = [a for a in algorithms if a not in ALGORITHMS[collective]]
+  unknown = [a for a in algorithms if split_depth(a)[0] not in ALGORITHMS[collective]]
   if unknown or not algorithms:
     raise ValueError(f"bench: algorithms of {collective} must be some of "
                      f"{', '.join(ALGORITHMS[collective])}; got {list(algorithms)}")
+  for a in algorithms:
+    name, chunks = split_depth(a)
+    if chunks is not None and (collective != "all_reduce" or name == BASELINES[collective]):
+      raise ValueError(f"bench: {a!r}: only all_reduce's schedules take a depth 'name@K'")
   if not isinstance(repeats, int) or repeats < 1:
     raise ValueError(f"bench: repeats must be an integer >= 1, got {repeats!r}")
   for intra, inter in configurations:  # raises on bad sizes, ranks or fractions
@@ -224,13 +247,10 @@ def _check(collective, ranks, nbytes, configurations, algorithms, repeats, rate,
 
 
 def _row(collective, alg, topology, levels, nbytes, efficiency, measured, samples, psum) -> dict:
-  effective = dataclasses.replace(topology, **{
-      name: tuple(b * efficiency for b in getattr(topology, name))
-      for name in ("send_bandwidth", "recv_bandwidth", "inter_send_bandwidth",
-                   "inter_recv_bandwidth") if getattr(topology, name) is not None})
+  name, chunks = split_depth(alg)
   schedule = plan(collective, nbytes, topology,
-                  algorithm="ring" if alg == BASELINES[collective] else alg)
-  simulated = simulate(schedule, effective)
+                  algorithm="ring" if name == BASELINES[collective] else name, chunks=chunks)
+  simulated = simulate(schedule, effective(topology, efficiency))
   intra, inter = levels
   t_ff = fault_free_ring_time(nbytes, topology.size, max(topology.bandwidth))
   t_ff /= 1 if collective == "all_reduce" else 2

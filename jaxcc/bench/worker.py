@@ -9,7 +9,9 @@ CPU device per rank.
 
 Every rank holds float32 integers below 1000, so every summation order gives
 the exact sum. Each algorithm (the lax twin by its lax name, the others
-jaxcc's collective with that algorithm, planned for the topology) runs once
+jaxcc's collective with that algorithm, planned for the topology; an
+all_reduce ``"name@K"`` the schedule planned at depth K, run by the native
+executor as jaxcc's all_reduce runs its plan) runs once
 to compile, connect and check its result against numpy; then the algorithms
 take turns ``repeats`` times, each run timed from right after a one-element
 psum that lines the processes up to its result. With ``count_bytes`` each
@@ -31,6 +33,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcc
+from jaxcc._src import native_executor
+from jaxcc.bench.collective import split_depth
 from jaxcc.launcher import join
 from jaxcc.testbed.netns import band_bytes
 
@@ -59,7 +63,11 @@ def main():
                                  out_specs=P("x")))
 
   line_up = smap(lambda b: lax.psum(b[:1], "x"))
-  fns = {name: smap(_collective(collective, name, topology)) for name in config["algorithms"]}
+  # Each rank's process, as the native executor takes it: none when one process holds them all.
+  procs = (np.array([d.process_index for d in mesh.devices.flat], np.int64) if processes > 1
+           else np.zeros(0, np.int64))
+  fns = {name: smap(_collective(collective, name, topology, config["nbytes"], procs))
+         for name in config["algorithms"]}
 
   def note(text):
     if me == 0 and config["progress"]:
@@ -105,10 +113,14 @@ def _data(collective: str, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
   return blocks, np.broadcast_to(blocks.reshape(-1), (n, size))
 
 
-def _collective(collective: str, name: str, topology):
+def _collective(collective: str, name: str, topology, nbytes: int, procs: np.ndarray):
   if name in _LAX:
     return _LAX[name]
-  return lambda b: _JAXCC[collective](b, "x", algorithm=name, topology=topology)
+  algorithm, chunks = split_depth(name)
+  if chunks is None:
+    return lambda b: _JAXCC[collective](b, "x", algorithm=name, topology=topology)
+  sched = jaxcc.plan(collective, nbytes, topology, algorithm, chunks=chunks)
+  return lambda b: native_executor.run_schedule(b, sched, "x", (), procs, topology)
 
 
 if __name__ == "__main__":
