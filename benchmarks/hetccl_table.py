@@ -48,7 +48,7 @@ def table(nbytes_per_rank, latency):
     p = sum(sizes)
     nbytes = nbytes_per_rank // (4 * p) * (4 * p)  # equal float32 tiles
     for ratio in RATIOS:
-      topo = Topology.clusters(sizes, INTRA, INTRA / ratio, latency=latency)
+      topo = Topology.clusters(sizes, INTRA, INTRA / ratio, latency=latency, message_cost=0.0)
       for collective in COLLECTIVES:
         bound = lower_bound(collective, nbytes, topo)
         row = {"sizes": sizes, "ratio": ratio, "collective": collective, "nbytes": nbytes,

@@ -31,7 +31,7 @@ GiB, MiB = 1 << 30, 1 << 20
 def with_stragglers(p: int, b: float, count: int, bandwidth: float = 1.0,
                     latency: float = 0.0) -> Topology:
   """``count`` of ranks 1, p/2, p-1 (distinct) at fraction ``b`` of ``bandwidth``."""
-  topo = Topology.uniform(p, bandwidth, latency)
+  topo = Topology.uniform(p, bandwidth, latency, message_cost=0.0)
   for rank in list(dict.fromkeys([1, p // 2, p - 1]))[:count]:
     topo = topo.with_straggler(rank, b)
   return topo
