@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from jaxcc.bench import calibration, collective, extras, probe, report, sweep
+from jaxcc.bench.diloco import METHODS as DILOCO_METHODS
 from jaxcc.testbed import Cluster
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
@@ -170,7 +171,8 @@ def _bench_diloco(args) -> None:
   from jaxcc.bench import diloco
   result = diloco.run(args.workers, args.rate, args.steps, args.sync_every,
                       codecs=(None,) if args.no_entropy else (None, "entropy"),
-                      kill=args.kill, rejoin=args.rejoin, width=args.width, layers=args.layers)
+                      methods=args.methods, kill=args.kill, rejoin=args.rejoin,
+                      width=args.width, layers=args.layers, exchanges=args.exchange)
   result["command"] = "jaxcc " + " ".join(sys.argv[1:])
   print(diloco.table(result))
   if args.json:
@@ -207,6 +209,20 @@ def _parse_kill(text: str) -> tuple[int, int]:
     return int(rank), int(at)
   except ValueError:
     raise argparse.ArgumentTypeError(f"expected RANK@ROUND, got {text!r}") from None
+
+
+def _parse_choices(allowed: tuple[str, ...]):
+  """A parser of a comma-separated list of ``allowed`` names, as a tuple."""
+
+  def parse(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    bad = [name for name in names if name not in allowed]
+    if bad or not names:
+      raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(allowed)};"
+                                       f" got {text!r}")
+    return names
+
+  return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -306,7 +322,8 @@ def _parser() -> argparse.ArgumentParser:
                   "model's loss at equal steps and equal wall time, utilization, blocked "
                   "time per round and bytes sent; --kill RANK@ROUND SIGKILLs a worker "
                   "(not 0, the coordinator) in gossip and DiLoCo runs, --rejoin ROUND "
-                  "restarts it in gossip.")
+                  "restarts it in gossip; --exchange native,host runs the gossip methods on "
+                  "both paths of the gossip exchange.")
   p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
   p.add_argument("--rate", default="50mbit", help="link rate of every host (default 50mbit)")
   p.add_argument("--steps", type=int, default=400, help="inner steps (default 400)")
@@ -316,6 +333,11 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--rejoin", type=int, metavar="ROUND",
                  help="with --kill: restart it; it rejoins gossip two rounds after ROUND")
   p.add_argument("--no-entropy", action="store_true", help="skip the codec=entropy runs")
+  p.add_argument("--methods", type=_parse_choices(DILOCO_METHODS), default=DILOCO_METHODS,
+                 help=f"comma-separated, of {','.join(DILOCO_METHODS)} (default all)")
+  p.add_argument("--exchange", type=_parse_choices(("native", "host")), default=("native",),
+                 help="comma-separated paths of the gossip exchange, native and host "
+                      "(JAXCC_EXCHANGE): the gossip methods run on each (default native)")
   p.add_argument("--width", type=int, help="model width (default 64)")
   p.add_argument("--layers", type=int, help="model layers (default 2)")
   p.add_argument("--json", metavar="PATH", help="write the results as JSON")

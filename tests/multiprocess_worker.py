@@ -19,6 +19,7 @@ every execution equals its XLA twin bit for bit.
 import os
 import sys
 import time
+from unittest import mock
 
 from jaxcc.launcher import join
 
@@ -269,12 +270,15 @@ def check_different_schedules(mesh):
 
 
 def check_gossip_exchange(mesh):
-  """The native gossip exchange equals its twin, lax.ppermute per slot, bit for bit.
+  """The gossip exchange equals its twin, lax.ppermute per slot, bit for bit, on both paths.
 
   Two slots (shifts 1 and 3 over the 8 ranks: pairs within a process and across);
   each message is left out with probability 0.3, the same on both sides; odd
   sizes, every dtype with and without codecs, NaN payloads, infinities, -0.0 and
-  subnormals; started in one program and finished in the next.
+  subnormals; started in one program and finished in the next. Each case runs
+  on the FFI path and on the host path (``JAXCC_EXCHANGE=host``: host
+  callbacks), and the first two with a start of one path finished by a done of
+  the other.
   """
   from jaxcc._src import gossip_exchange
   rng = np.random.default_rng(11)
@@ -282,9 +286,13 @@ def check_gossip_exchange(mesh):
   k = len(shifts)
   specials = np.array([np.nan, -0.0, np.inf, -np.inf, 1e-40, -3e-39], np.float32)
   specials = specials.view(np.uint32) | np.array([0x1234, 0, 0, 0, 0, 0], np.uint32)
-  for dtype, n, codec in [(np.float32, 1001, None), (np.float32, 4099, "entropy"),
-                          (jnp.bfloat16, 777, "entropy"), (np.float16, 33, "fixed"),
-                          (np.int32, 5, None), (jnp.bfloat16, 1, None)]:
+  cases = [(np.float32, 1001, None), (np.float32, 4099, "entropy"),
+           (jnp.bfloat16, 777, "entropy"), (np.float16, 33, "fixed"), (np.int32, 5, None),
+           (jnp.bfloat16, 1, None)]
+  paths = [(case, ("native", "native")) for case in cases]
+  paths += [(case, ("host", "host")) for case in cases]
+  paths += [(cases[0], ("native", "host")), (cases[1], ("host", "native"))]
+  for (dtype, n, codec), (start_path, done_path) in paths:
     if np.dtype(dtype).kind == "i":
       host = rng.integers(-2**31, 2**31, (P_ALL, n), dtype=np.int64).astype(np.int32)
     else:
@@ -319,10 +327,13 @@ def check_gossip_exchange(mesh):
                                  out_specs=spec))
     x = put(mesh, host, spec)
     table = put(mesh, sent, P())
-    outs = done(start(x, table), x, table)
+    with mock.patch.dict(os.environ, {"JAXCC_EXCHANGE": start_path}):  # read at lowering
+      handle = start(x, table)
+    with mock.patch.dict(os.environ, {"JAXCC_EXCHANGE": done_path}):
+      outs = done(handle, x, table)
     for shard in zip(*(s.addressable_shards for s in outs)):
       got, twin, status, want_status, lost = (np.asarray(a.data) for a in shard)
-      assert got.tobytes() == twin.tobytes(), (dtype, n, codec)
+      assert got.tobytes() == twin.tobytes(), (dtype, n, codec, start_path, done_path)
       np.testing.assert_array_equal(status, want_status)
       assert not lost.any()
 

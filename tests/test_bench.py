@@ -205,6 +205,10 @@ def test_bench_diloco_refuses_to_kill_the_coordinator_before_any_work(capsys, mo
   with pytest.raises(SystemExit):
     cli.main(["bench", "diloco", "--kill", "two@2"])
   assert "expected RANK@ROUND" in capsys.readouterr().err
+  for flag, value in (("--methods", "gossip_b2"), ("--exchange", "native,ffi")):
+    with pytest.raises(SystemExit):
+      cli.main(["bench", "diloco", flag, value])
+    assert "expected a comma-separated list of" in capsys.readouterr().err
 
 
 def test_a_missing_optional_package_is_named_with_the_extra_that_brings_it(monkeypatch):

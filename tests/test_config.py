@@ -42,17 +42,24 @@ def test_split_send_bytes_rejects(value):
       config.split_send_bytes()
 
 
-@pytest.mark.parametrize("value, engine", [(None, "auto"), ("", "auto"), ("xla", "xla"),
-                                           ("native", "native")])
-def test_intra_engine(value, engine, monkeypatch):
+@pytest.mark.parametrize("name, read, value, want", [
+    ("JAXCC_INTRA_ENGINE", config.intra_engine, None, "auto"),
+    ("JAXCC_INTRA_ENGINE", config.intra_engine, "", "auto"),
+    ("JAXCC_INTRA_ENGINE", config.intra_engine, "xla", "xla"),
+    ("JAXCC_INTRA_ENGINE", config.intra_engine, "native", "native"),
+    ("JAXCC_EXCHANGE", config.exchange, None, "native"),
+    ("JAXCC_EXCHANGE", config.exchange, "", "native"),
+    ("JAXCC_EXCHANGE", config.exchange, "host", "host"),
+    ("JAXCC_EXCHANGE", config.exchange, "native", "native")])
+def test_choice_settings(name, read, value, want, monkeypatch):
   if value is None:
-    monkeypatch.delenv("JAXCC_INTRA_ENGINE", raising=False)
+    monkeypatch.delenv(name, raising=False)
   else:
-    monkeypatch.setenv("JAXCC_INTRA_ENGINE", value)
-  assert config.intra_engine() == engine
-  monkeypatch.setenv("JAXCC_INTRA_ENGINE", "nccl")
-  with pytest.raises(ValueError, match="JAXCC_INTRA_ENGINE='nccl': expected one of"):
-    config.intra_engine()
+    monkeypatch.setenv(name, value)
+  assert read() == want
+  monkeypatch.setenv(name, "nccl")
+  with pytest.raises(ValueError, match=f"{name}='nccl': expected one of"):
+    read()
 
 
 def test_settings_are_read_at_each_call():

@@ -1,5 +1,6 @@
 """Gossip DiLoCo across 4 jax.distributed processes over jaxcc's TCP transport, with a worker
-SIGKILLed: the survivors train on, the restarted worker rejoins; DiLoCo fails naming it.
+SIGKILLed: the survivors train on, the restarted worker rejoins; DiLoCo fails naming it; the
+exchange's host path trains the same bits as its FFI path.
 
 A small model (1 layer, 32 wide): the mechanism, not the numbers (``jaxcc bench
 diloco`` measures those). Gossip runs on the testbed (4 hosts at 100 Mbit/s:
@@ -32,15 +33,29 @@ def test_gossip_survives_a_killed_worker_and_takes_it_back():
   assert got["survivors_finished"], got
   assert run["killed"]["step"] == 15
   assert 0 <= got["detection_s"] < 1.0  # the kernel closes a killed process' connections
-  # Killed in round 1, back at round 2 + 2 = 4 with process 0's parameters: it trains
-  # rounds 4 and 5, and its loss comes within 10% of the others' (5.1% measured once on
-  # jax 0.12).
-  assert got["rejoined_at_round"] == 4
+  # Killed in round 1, back at round 2 + 2 = 4 with the parameters of its ring successor,
+  # process 3 (jaxcc.optim.rejoin): it trains rounds 4 and 5, and its loss comes within 10%
+  # of the others' (5.1% measured once on jax 0.12).
+  assert got["rejoined_at_round"] == 4 and got["rejoin_source"] == 3
   assert len(got["rejoin_gap"]) == 2 and min(abs(g) for g in got["rejoin_gap"]) < 0.1
   victim = [r for r in run["records"] if r["rank"] == 2 and r.get("incarnation")][0]
   assert len(victim["wall"]) == 20 and np.isfinite(victim["loss"]).all()
   want = diloco.evaluate(clean, CFG)
   assert abs(got["final_loss"] / want["final_loss"] - 1) < 0.05
+
+
+def test_gossip_on_the_host_path_trains_the_same_bits_as_on_the_ffi_path():
+  """JAXCC_EXCHANGE=host (the exchange as host callbacks, the path of GPU and TPU programs):
+  every worker's loss at every step and its outer parameters after every round equal the
+  FFI path's, bit for bit, on loopback."""
+  cfg = dict(CFG, method="gossip_b1", steps=30)
+  runs = {path: diloco.run_method(None, dict(cfg, exchange=path)) for path in ("native", "host")}
+  losses = {path: {r["rank"]: r["loss"] for r in run["records"]} for path, run in runs.items()}
+  assert len(losses["native"]) == 4 and losses["host"] == losses["native"]
+  for q in range(4):
+    for t in range(3):
+      got, want = (np.load(f"{runs[path]['dir']}/w{q}_r{t}.npy") for path in ("host", "native"))
+      assert got.tobytes() == want.tobytes(), (q, t)
 
 
 def test_diloco_fails_cleanly_naming_the_killed_worker():

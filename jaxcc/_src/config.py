@@ -15,6 +15,10 @@
   axes, the border executor), "native" (the whole schedule on jaxcc's engine)
   or "auto" (default: "xla" on the GPU, where the inner axes are NCCL's;
   "native" on the CPU, where the whole schedule measured faster).
+* ``JAXCC_EXCHANGE`` (``exchange()``, read at each lowering of a gossip
+  exchange): "native" (default: on the CPU the exchange is an FFI call of the
+  CPU module) or "host" (host callbacks into the same native code, the path
+  every other backend takes).
 * ``JAXCC_TESTBED_MODE`` (``testbed_mode()``, read when a testbed cluster is
   entered): "auto" (default: "root" as root, else "rootless"), "root" (the
   host's network namespaces) or "rootless" (inside an unprivileged user
@@ -110,6 +114,7 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
 
 
 INTRA_ENGINES = ("auto", "xla", "native")
+EXCHANGE_PATHS = ("native", "host")
 TESTBED_MODES = ("auto", "root", "rootless")
 TCP_INTEGRITY = ("off", "hmac")
 
@@ -117,6 +122,11 @@ TCP_INTEGRITY = ("off", "hmac")
 def intra_engine() -> str:
   """``JAXCC_INTRA_ENGINE``: "auto" (default), "xla" or "native"."""
   return _env_choice("JAXCC_INTRA_ENGINE", INTRA_ENGINES)
+
+
+def exchange() -> str:
+  """``JAXCC_EXCHANGE``: "native" (default) or "host"."""
+  return _env_choice("JAXCC_EXCHANGE", EXCHANGE_PATHS)
 
 
 def testbed_mode() -> str:

@@ -1,5 +1,5 @@
-"""The native gossip exchange across processes: ``start`` posts a vector to peers, ``done`` takes
-theirs, in the same program or a later one.
+"""The gossip exchange across processes: ``start`` posts a vector to peers, ``done`` takes theirs,
+in the same program or a later one, over jaxcc's TCP transport from programs of any backend.
 
 ``start(x, send_to, recv_from)`` (inside shard_map, over the TCP transport)
 posts a copy of this rank's flat ``x`` to each rank ``send_to[j]`` as the
@@ -17,6 +17,14 @@ Bytes per call: ``x.nbytes`` (with a codec, its encoded size) to each
 ``lax.ppermute`` per slot with the same masks (``jaxcc.optim`` uses it within
 one process).
 
+Paths: on the CPU both are FFI custom calls of the CPU module (the default);
+elsewhere (GPU, TPU), or with ``JAXCC_EXCHANGE=host``, they are host callbacks
+(``jax.pure_callback``: XLA copies x to host memory and the pieces back) that
+call the same native code through the CPU module, so a program of any backend
+keeps the exchange's behaviour: overlap across programs, codecs, a lost peer a
+lost message. The two paths move the same bits, and a start of one may be
+finished by a done of the other.
+
 Order: each call takes an ``after`` value and runs once it is computed;
 ``done`` follows its ``start`` through the handle. Every process runs a call
 site's exchanges in the same order (its programs' order), and a done waits
@@ -28,6 +36,7 @@ char transformer's inner step.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import jax
@@ -81,8 +90,18 @@ def _start_abstract(x, *_, **__):
   return x.update(shape=(), dtype=np.dtype(np.int32))
 
 
+def _done_abstract(handles, after, *, shape, dtype, nranks):
+  del after
+  return (handles.update(shape=shape, dtype=dtype), handles.update(shape=shape[:2]),
+          handles.update(shape=(nranks,)))
+
+
+def _host_path(platform: str) -> bool:
+  """Whether the exchange lowered for ``platform`` runs as host callbacks."""
+  return platform != "cpu" or config.exchange() == "host"
+
+
 def _lower_start(x, send_to, recv_from, after, *, axes, group_axes, codec, platform):
-  del platform
   if group_axes:
     raise NotImplementedError("gossip exchange over one mesh axis only")
   (axis_name, nranks), = axes
@@ -92,27 +111,54 @@ def _lower_start(x, send_to, recv_from, after, *, axes, group_axes, codec, platf
   tcp_bootstrap.ensure_started()
   bits = as_bits(x)
   digest = hashlib.sha256(f"{x.size}/{np.dtype(x.dtype).name}/{codec}".encode()).hexdigest()
-  ffi.load()
-  return [_start_ffi_p.bind(
-      bits, send_to, recv_from, lax.axis_index(axis_name).astype(jnp.int32), after,
-      nranks=np.int64(nranks), op_id=np.int64(native_executor.next_op_id()),
-      digest=np.int64(int(digest[:15], 16)),
-      procs=native_executor.ArrayAttr(np.ascontiguousarray(procs, np.int64)),
-      codec=np.int64(native_executor.CODEC_IDS[codec]),
-      dtype=np.int64(native_executor.bits_type_id(x.dtype)),
-      timeout_ms=np.int64(config.timeout_ms()))]
+  cpu = ffi.load().cpu
+  rank = lax.axis_index(axis_name).astype(jnp.int32)
+  attrs = dict(nranks=np.int64(nranks), op_id=np.int64(native_executor.next_op_id()),
+               digest=np.int64(int(digest[:15], 16)),
+               codec=np.int64(native_executor.CODEC_IDS[codec]),
+               timeout_ms=np.int64(config.timeout_ms()))
+  procs = np.ascontiguousarray(procs, np.int64)
+  if not _host_path(platform):
+    return [_start_ffi_p.bind(bits, send_to, recv_from, rank, after,
+                              procs=native_executor.ArrayAttr(procs),
+                              dtype=np.int64(native_executor.bits_type_id(x.dtype)), **attrs)]
+  codec_type = _FFI_TYPES.get(np.dtype(x.dtype), 0)
+
+  def host_start(bits, send_to, recv_from, rank, after):
+    del after
+    return np.int32(cpu.exchange_start(np.ravel(bits), send_to, recv_from, int(rank),
+                                       procs=procs, codec_type=codec_type, **attrs))
+
+  return [jax.pure_callback(host_start, jax.ShapeDtypeStruct((), np.int32), bits, send_to,
+                            recv_from, rank, after)]
 
 
-def _done_abstract(handles, after, *, shape, dtype, nranks):
-  del after
-  return (handles.update(shape=shape, dtype=dtype), handles.update(shape=shape[:2]),
-          handles.update(shape=(nranks,)))
+def _host_done(handles, after, *, shape, dtype, nranks):
+  """``done`` as a host callback."""
+  cpu = ffi.load().cpu
+
+  def host_done(handles, after):
+    del after
+    got, status = np.empty(shape, dtype), np.empty(shape[:2], np.int32)
+    lost = np.empty(nranks, np.int32)
+    cpu.exchange_done(np.ascontiguousarray(handles, np.int32), got, status, lost)
+    return got, status, lost
+
+  return jax.pure_callback(host_done, (jax.ShapeDtypeStruct(shape, dtype),
+                                       jax.ShapeDtypeStruct(shape[:2], np.int32),
+                                       jax.ShapeDtypeStruct((nranks,), np.int32)),
+                           handles, after)
 
 
-_start_p = compat.Primitive("jaxcc_gossip_exchange_start")
-_start_p.def_abstract_eval(_start_abstract)
-compat.mlir.register_lowering(_start_p, compat.lower_in_axis_env(_lower_start, platform="cpu"),
-                              platform="cpu")
+def _lower_done(ctx, handles, after, *, platform, **params):
+  if _host_path(platform):
+    return compat.mlir.lower_fun(functools.partial(_host_done, **params),
+                                 multiple_results=True)(ctx, handles, after)
+  return _lower_done_ffi(ctx, handles, after)
+
+
+# The FFI type ids of the element types a codec takes (xla/ffi/api/c_api.h).
+_FFI_TYPES = {np.dtype(jnp.float16): 10, np.dtype(np.float32): 11, np.dtype(jnp.bfloat16): 16}
 
 _start_ffi_p = compat.Primitive("jaxcc_exchange_start")
 _start_ffi_p.def_abstract_eval(_start_abstract)
@@ -121,11 +167,16 @@ compat.mlir.register_lowering(
     _start_ffi_p, lambda ctx, *args, procs, **attrs: _lower_start_ffi(ctx, *args,
                                                                      procs=procs.array, **attrs),
     platform="cpu")
+_lower_done_ffi = jax.ffi.ffi_lowering("jaxcc_exchange_done", has_side_effect=True)
 
-_done_p = compat.Primitive("jaxcc_exchange_done")
+_start_p = compat.Primitive("jaxcc_gossip_exchange_start")
+_start_p.def_abstract_eval(_start_abstract)
+_done_p = compat.Primitive("jaxcc_gossip_exchange_done")
 _done_p.multiple_results = True
 _done_p.def_abstract_eval(_done_abstract)
-_lower_done = jax.ffi.ffi_lowering("jaxcc_exchange_done", has_side_effect=True)
-compat.mlir.register_lowering(
-    _done_p, lambda ctx, handles, after, **params: _lower_done(ctx, handles, after),
-    platform="cpu")
+for _platform in ("cpu", None):  # None: every other platform, always on the host path
+  compat.mlir.register_lowering(
+      _start_p, compat.lower_in_axis_env(_lower_start, platform=_platform or "host"),
+      platform=_platform)
+  compat.mlir.register_lowering(
+      _done_p, functools.partial(_lower_done, platform=_platform or "host"), platform=_platform)

@@ -40,7 +40,8 @@ def run_method(cluster, cfg: dict, respawn=()) -> dict:
   before = [cluster.bytes(i)[0] for i in range(cluster.n)] if cluster else None
   procs = launch(_WORKER, [json.dumps(cfg)], cluster=cluster, nproc=None if cluster else
                  cfg["workers"], respawn=respawn, timeout_s=cfg.get("job_timeout_s", 1800),
-                 env={"JAXCC_TIMEOUT_S": str(cfg.get("timeout_s", 60))})
+                 env={"JAXCC_TIMEOUT_S": str(cfg.get("timeout_s", 60)),
+                      "JAXCC_EXCHANGE": cfg.get("exchange", "native")})
   records = [p.json() for p in procs]
   sent = [cluster.bytes(i)[0] - before[i] for i in range(cluster.n)] if cluster else None
   killed = None
@@ -109,6 +110,7 @@ def evaluate(run: dict, cfg: dict) -> dict:
     back = [r for r in run["records"] if r["rank"] == victim and r.get("incarnation")]
     if back and back[0].get("rejoined_at_round") is not None:
       out["rejoined_at_round"] = back[0]["rejoined_at_round"]
+      out["rejoin_source"] = back[0]["rejoin_source"]
       out["rejoin_gap"] = _rejoin_gap(run, cfg, victim, back[0]["rejoined_at_round"], loss_of)
   return out
 
@@ -136,8 +138,12 @@ def loss_at(curve: list, time_s: float) -> float:
 def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: int = 20,
         codecs=(None, "entropy"), methods=METHODS, kill: tuple[int, int] | None = None,
         rejoin: int | None = None, width: int | None = None, layers: int | None = None,
-        timeout_s: float = 60) -> dict:
-  """Every method (and codec) on a testbed of ``workers`` hosts at ``rate``; see the module."""
+        timeout_s: float = 60, exchanges=("native",)) -> dict:
+  """Every method (and codec) on a testbed of ``workers`` hosts at ``rate``; see the module.
+
+  ``exchanges``: the gossip methods run once per path of the gossip exchange
+  (``JAXCC_EXCHANGE``), rows named ``+host`` for the host path.
+  """
   from jaxcc.testbed import Cluster
   if kill is not None and kill[0] == 0:
     raise ValueError("jaxcc bench diloco: process 0 hosts the coordination service and may not "
@@ -146,11 +152,12 @@ def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: in
   base.update({k: v for k, v in (("width", width), ("layers", layers)) if v is not None})
   rows, runs = [], []
   with Cluster(workers, rate) as cluster:
-    plan = [(m, c, None) for c in codecs for m in methods if c is None or m != "local"]
+    plan = [(m, c, None, path) for c in codecs for path in exchanges for m in methods
+            if (c is None or m != "local") and (path == exchanges[0] or m.startswith("gossip"))]
     if kill is not None:
-      plan += [("gossip_b1", None, kill), ("diloco", None, kill)]
-    for method, codec, k in plan:
-      cfg = dict(base, method=method, codec=codec)
+      plan += [("gossip_b1", None, kill, exchanges[0]), ("diloco", None, kill, exchanges[0])]
+    for method, codec, k, path in plan:
+      cfg = dict(base, method=method, codec=codec, exchange=path)
       respawn = ()
       if k is not None:
         cfg.update(kill=list(k), rejoin=rejoin if method.startswith("gossip") else None)
@@ -158,8 +165,8 @@ def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: in
           cfg["wait_for"] = [q for q in range(1, workers) if q != k[0]]
         respawn = {k[0]}
       result = run_method(cluster, cfg, respawn)
-      row = {"method": method + ("+" + codec if codec else "") + ("+kill" if k else ""),
-             **evaluate(result, cfg)}
+      row = {"method": method + ("+" + codec if codec else "") + ("+kill" if k else "") +
+             ("" if path == "native" else "+" + path), **evaluate(result, cfg)}
       rows.append(row)
       runs.append(result)
   by_name = {r["method"]: r for r in rows}
@@ -220,6 +227,12 @@ def table(result: dict) -> str:
         lines.append(f"{g + suffix}: blocking {ratio:.3f} of diloco{suffix}'s, loss "
                      f"{r['final_loss'] / d['final_loss'] - 1:+.2%} at equal steps, "
                      f"{r['loss_at_equal_time'] - d['loss_at_equal_time']:+.4f} at equal time")
+  for name, r in rows.items():
+    ffi = rows.get(name[:-len("+host")]) if name.endswith("+host") else None
+    if ffi:
+      lines.append(f"{name}: blocking {r['blocking_s_per_round'] / ffi['blocking_s_per_round']:.3f}"
+                   f" of the FFI path's, utilization {r['utilization'] / ffi['utilization']:.3f}, "
+                   f"loss {r['final_loss'] - ffi['final_loss']:+.2e}")
   if "gossip_b0@overlap_rate" in rows:
     r = rows["gossip_b0@overlap_rate"]
     lines.append(f"overlap: at {r['rate_bit_s'] / 1e6:.1f} Mbit/s (one fragment takes one "
@@ -238,7 +251,8 @@ def table(result: dict) -> str:
         lines.append(f"  survivors finished every round: {r['survivors_finished']}; loss vs the "
                      f"run without a failure {r.get('loss_vs_clean', float('nan')):+.2%}")
       if "rejoin_gap" in r:
-        lines.append(f"  rejoined at round {r['rejoined_at_round']}; its loss over the others' "
+        lines.append(f"  rejoined at round {r['rejoined_at_round']} from process "
+                     f"{r['rejoin_source']}; its loss over the others' "
                      "per round: " + ", ".join(f"{g:+.2%}" for g in r["rejoin_gap"][:4]))
   return "\n".join(lines)
 

@@ -9,17 +9,14 @@ for the driver to average and evaluate.
 
 A killed worker (``kill``: rank and round; it SIGKILLs itself halfway through
 the round) is restarted by the launcher. With ``rejoin`` (a round) the restart
-connects to the others, asks to come back, and process 0 (which never dies)
-names the round it rejoins at, two rounds on (waiting at round ``rejoin`` for it to
-be ready); at that round every survivor
-marks it live again and process 0 sends it, over the transport, its
-parameters, optimizer state and instance counts. Without ``rejoin`` the
-restart exits at once.
+takes its state back with ``jaxcc.optim.rejoin``: every survivor calls
+``jaxcc.optim.admit`` at the start of each round, waiting at round ``rejoin``
+for the restart to ask, so it rejoins two rounds on, its state sent by its
+ring successor. Without ``rejoin`` the restart exits at once.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -107,16 +104,6 @@ def main():
   def outer(params, state):
     return jaxcc.optim.outer_params(state) if method == "diloco" or gossip else params
 
-  def set_live(state, rank):
-    def fix(s):
-      if isinstance(s, jaxcc.optim.GossipDiLoCoState):
-        live = to_local(s.live).copy()
-        live[rank] = True
-        return s._replace(live=to_global(live))
-      return s
-    return jax.tree.map(fix, state,
-                        is_leaf=lambda s: isinstance(s, jaxcc.optim.GossipDiLoCoState))
-
   kill = cfg.get("kill")  # [rank, round]
   rejoin = cfg.get("rejoin")
   victim = kill[0] if kill else None
@@ -124,45 +111,24 @@ def main():
   record = {"rank": me, "method": method, "incarnation": job.incarnation, "wall": [],
             "blocked": [], "cpu": [], "loss": [], "round_end": {}, "lost": {}, "failed": None}
   tcp_bootstrap.ensure_started()  # process 0 sees the others' ends as their connections close
-  if job.incarnation:  # the restarted victim: rejoin (process 0 is the source)
-    compat.kv_set(f"{_KV}/ready/{me}", str(time.time()), overwrite=True)
-    t_join = int(compat.kv_get(f"{_KV}/round/{me}", cfg.get("timeout_s", 300)))
-    blob = cpu.tcp_recv_bytes(0, t_join, 1 << 30, cfg.get("timeout_s", 300))
-    got = np.load(io.BytesIO(blob), allow_pickle=False)
-    leaves, treedef = jax.tree.flatten((params, state))
-    params, state = jax.tree.unflatten(treedef, [to_global(got[f"a{i}"])
-                                                 for i in range(len(leaves))])
-    # Process 0's count of each call site (its rank is 0), as this rank's.
-    cpu.tcp_set_instances([(int(o), int(g), me, int(c)) for o, g, r, c in got["instances"]
-                           if r == 0])
+  if job.incarnation:  # the restarted victim: its state from a live peer
+    began = time.time()
+    (params, state), t_join, source = jaxcc.optim.rejoin((params, state),
+                                                         timeout_s=cfg.get("timeout_s", 300))
     first = t_join * every
-    record["rejoined_at_round"] = t_join
-  t_join = None
+    record.update(rejoined_at_round=t_join, rejoin_source=source,
+                  rejoin_s=time.time() - began)
+  admitted = {}
   for i in range(first, steps):
     r, h = divmod(i, every)
     if kill and me == victim and job.incarnation == 0 and i == kill[1] * every + every // 2:
       with open(os.path.join(cfg["out"], "killed.json"), "w") as f:
         json.dump({"rank": me, "time": time.time(), "step": i}, f)
       os.kill(os.getpid(), signal.SIGKILL)
-    if h == 0 and gossip and rejoin is not None and kill and me != victim:
-      if me == 0 and t_join is None and r >= rejoin:
-        # The peers wait on process 0's fragments meanwhile: no one passes the rejoin round.
-        compat.kv_get(f"{_KV}/ready/{victim}", cfg.get("timeout_s", 300))
-        t_join = r + 2
-        compat.kv_set(f"{_KV}/round/{victim}", str(t_join), overwrite=True)
-      if t_join is None:
-        seen = compat.kv_try_get(f"{_KV}/round/{victim}")
-        t_join = int(seen) if seen is not None else None
-        if t_join is not None and t_join < r:
-          raise RuntimeError(f"process {me} is at round {r}, past the rejoin round {t_join}")
-      if t_join == r:
-        state = set_live(state, victim)
-        if me == 0:
-          leaves = jax.tree.leaves((params, state))
-          buf = io.BytesIO()
-          np.savez(buf, instances=np.asarray(cpu.tcp_instances(), np.int64).reshape(-1, 4),
-                   **{f"a{j}": to_local(a) for j, a in enumerate(leaves)})
-          cpu.tcp_send_bytes(victim, t_join, buf.getvalue())
+    if h == 0 and gossip and rejoin is not None and r >= rejoin:
+      (params, state), _ = jaxcc.optim.admit(
+          (params, state), r, admitted, wait_for=[victim] if r == rejoin else (),
+          timeout_s=cfg.get("timeout_s", 300))
     windows = to_global(data[i])
     t0, b0, c0 = time.perf_counter(), cpu.tcp_blocked_ns(), time.process_time()
     try:

@@ -5,12 +5,14 @@ from jaxcc.optim._gossip import GossipDiLoCoState, gossip_diloco
 from jaxcc.optim._graphs import (GRAPHS, RoundCost, diloco_round_cost, gossip_round_cost,
                                  mixing_matrix)
 from jaxcc.optim._metrics import averaged_params, consensus_distance, outer_params
+from jaxcc.optim._rejoin import admit, rejoin
 
 __all__ = [
     "GRAPHS",
     "DiLoCoState",
     "GossipDiLoCoState",
     "RoundCost",
+    "admit",
     "averaged_params",
     "consensus_distance",
     "diloco",
@@ -19,4 +21,5 @@ __all__ = [
     "gossip_round_cost",
     "mixing_matrix",
     "outer_params",
+    "rejoin",
 ]

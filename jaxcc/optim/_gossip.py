@@ -88,9 +88,12 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
   each message of a mixing round is lost with probability ``drop_rate`` (for
   "complete", a worker's contribution to the all-reduce); ``failed_worker``
   stops sending and receiving from round ``fail_round`` on. Real, across
-  processes: a worker whose TCP connection is lost (killed, or its host
-  gone: the transport's keepalive finds it) is a lost message from then on
-  and leaves ``live``; the others train on. Receivers renormalise their
+  processes and on any backend (the messages go by jaxcc's gossip exchange
+  over its TCP transport: an FFI call on the CPU, host callbacks that copy
+  through host memory on GPU and TPU, or with ``JAXCC_EXCHANGE=host``): a
+  worker whose TCP connection is lost (killed, or its host gone: the
+  transport's keepalive finds it) is a lost message from then on and leaves
+  ``live``; the others train on. Receivers renormalise their
   weights over what arrived; a peer that missed a fragment of the overlapped
   mix counts as lost for the round's whole anchor. "complete" all-reduces
   and cannot go on without a member: a lost worker fails it, naming it.

@@ -22,9 +22,11 @@ class Mixer:
   Each receiver divides by the weight of what arrived (its own vector always
   arrives), so its weights still sum to one.
 
-  Across processes on the CPU (``native``: the job has more than one process
-  and the graph is not "complete") a message travels by the native gossip exchange
-  (``gossip_exchange``), which may finish in a later program than it starts.
+  Across processes (``native``: the job has more than one process and the
+  graph is not "complete"), on any backend, a message travels by jaxcc's
+  gossip exchange over its TCP transport (``gossip_exchange``: an FFI call on
+  the CPU, host callbacks elsewhere), which may finish in a later program than
+  it starts.
   A peer whose connection is lost, or that is not ``live`` in this worker's
   view, is a lost message. Within one process ``lax.ppermute`` (jaxcc's)
   carries it: the pure-JAX twin, equal bit for bit.
@@ -42,8 +44,7 @@ class Mixer:
     self.seed, self.algorithm, self.topology = seed, algorithm, topology
     self.phases = phases(graph, self.n)
     self.me = lax.axis_index(axis_name)
-    self.native = (graph != "complete" and jax.process_count() > 1 and
-                   jax.default_backend() == "cpu")
+    self.native = graph != "complete" and jax.process_count() > 1
 
   @property
   def slots(self) -> int:

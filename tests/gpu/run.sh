@@ -21,6 +21,10 @@
 #   jaxcc_collective             check_collective.py: the Nccl transport, bad
 #                                  calls, every collective against lax, and on
 #                                  2+ GPUs with codec= against raw, bit for bit
+# and, not a CUDA entry point: the gossip exchange's host path from GPU programs
+# (host callbacks into the CPU module, TCP between 2 processes sharing the GPU):
+#   check_exchange.py: bits against what the peer sent, start and done in two
+#                        programs; start+done time on the GPU against the CPU
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}

@@ -21,6 +21,9 @@
 // XLA:CPU's asynchronous dispatch (a token makes jax run a program
 // synchronously, measured 1.5x slower for the char transformer's step).
 //
+// The host path (exchange.h, module.cc) runs the same two halves from host
+// callbacks, so programs of any backend exchange through host memory.
+//
 // Bytes per call: x.nbytes (encoded: its encoded size) to each send_to slot;
 // one step. Sender and receiver must use the same slot j for a pair (gossip
 // graphs number a phase's shifts); `digest` (from x's length, type and codec)
@@ -34,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "exchange.h"
 #include "piece_codec.h"
 #include "tcp.h"
 #include "xla/ffi/api/ffi.h"
@@ -67,22 +71,22 @@ std::string CheckSlots(ffi::Span<const int32_t> slots, const char* name, int64_t
   return "";
 }
 
-ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
-                     ffi::Buffer<ffi::S32> recv_from, ffi::Buffer<ffi::S32> rank_buf,
-                     ffi::AnyBuffer, ffi::Result<ffi::Buffer<ffi::S32>> handle,
-                     int64_t nranks, int64_t op_id, int64_t digest,
-                     ffi::Span<const int64_t> procs, int64_t codec_id, int64_t dtype_id,
-                     int64_t timeout_ms) {
+}  // namespace
+
+ffi::Error ExchangeStart(const char* data, size_t n, size_t itemsize, ffi::DataType codec_type,
+                         ffi::Span<const int32_t> sends, ffi::Span<const int32_t> recvs,
+                         int rank, int64_t nranks, int64_t op_id, int64_t digest,
+                         ffi::Span<const int64_t> procs, int64_t codec_id, int64_t timeout_ms,
+                         int32_t* handle) {
   const std::string what = "jaxcc gossip exchange (op " + std::to_string(op_id) + ")";
-  const int rank = rank_buf.typed_data()[0];
-  const size_t n = x.element_count();
-  const size_t itemsize = ffi::ByteWidth(x.element_type());
-  const ffi::Span<const int32_t> sends(send_to.typed_data(), send_to.element_count());
-  const ffi::Span<const int32_t> recvs(recv_from.typed_data(), recv_from.element_count());
   std::string err;
   if (procs.size() != static_cast<size_t>(nranks) || rank < 0 || rank >= nranks) {
     err = "rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " with a process " +
           "map of " + std::to_string(procs.size()) + " entries";
+  }
+  if (err.empty() && sends.size() != recvs.size()) {
+    err = std::to_string(sends.size()) + " send_to slots and " + std::to_string(recvs.size()) +
+          " recv_from slots";
   }
   if (err.empty()) err = CheckSlots(sends, "send_to", nranks, rank);
   if (err.empty()) err = CheckSlots(recvs, "recv_from", nranks, rank);
@@ -90,9 +94,7 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
   InFlight flight{nullptr, nullptr, std::vector<int>(recvs.begin(), recvs.end()), op_id,
                   std::chrono::milliseconds(timeout_ms)};
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
-  ffi::Error bad = NewHostPieceCodec(
-      what, codec_id, dtype_id ? static_cast<ffi::DataType>(dtype_id) : x.element_type(), 0,
-      &flight.codec);
+  ffi::Error bad = NewHostPieceCodec(what, codec_id, codec_type, 0, &flight.codec);
   if (!bad.success()) return bad;
 
   TcpReceives receives;
@@ -105,7 +107,6 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
   }
   err = TcpTransport::Create(op_id, 0, static_cast<int>(nranks), rank, procs.begin(), nullptr,
                              digest, std::move(receives), &flight.transport);
-  const char* data = static_cast<const char*>(x.untyped_data());
   for (size_t j = 0; err.empty() && j < sends.size(); ++j) {
     const int peer = sends[j];
     if (peer < 0) continue;
@@ -131,9 +132,11 @@ ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
   std::lock_guard<std::mutex> lock(g_mu);
   const int32_t h = static_cast<int32_t>(g_next_handle++ & 0x7fffffffu);
   g_in_flight.emplace(h, std::move(flight));
-  handle->typed_data()[0] = h;
+  *handle = h;
   return ffi::Error::Success();
 }
+
+namespace {
 
 // Finishes one exchange into `out` (its k rows) and `st` (its k statuses).
 std::string Finish(InFlight& flight, char* out, size_t row_bytes, size_t itemsize, int32_t* st) {
@@ -194,49 +197,74 @@ std::string Finish(InFlight& flight, char* out, size_t row_bytes, size_t itemsiz
   return err;
 }
 
-ffi::Error DoneImpl(ffi::Buffer<ffi::S32> handles, ffi::AnyBuffer,
-                    ffi::Result<ffi::AnyBuffer> received,
-                    ffi::Result<ffi::Buffer<ffi::S32>> status,
-                    ffi::Result<ffi::Buffer<ffi::S32>> lost) {
+}  // namespace
+
+ffi::Error ExchangeDone(ffi::Span<const int32_t> handles, char* out, size_t out_bytes,
+                        size_t itemsize, int32_t* status, size_t status_count, int32_t* lost,
+                        size_t nlost) {
   const auto start = std::chrono::steady_clock::now();
-  const size_t m = handles.element_count();
+  const size_t m = handles.size();
   std::vector<InFlight> flights(m);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     for (size_t i = 0; i < m; ++i) {
-      auto it = g_in_flight.find(handles.typed_data()[i]);
+      auto it = g_in_flight.find(handles[i]);
       if (it == g_in_flight.end()) {
         return ffi::Error::InvalidArgument("jaxcc gossip exchange: no exchange in flight has "
-                                           "handle " + std::to_string(handles.typed_data()[i]));
+                                           "handle " + std::to_string(handles[i]));
       }
       flights[i] = std::move(it->second);
       g_in_flight.erase(it);
     }
   }
   const size_t k = m ? flights[0].recv_from.size() : 0;
-  if (m && status->element_count() != m * k) {
+  if (m && status_count != m * k) {
     return ffi::Error::InvalidArgument("jaxcc gossip exchange: " + std::to_string(m) +
                                        " exchanges of " + std::to_string(k) + " slots for " +
-                                       std::to_string(status->element_count()) + " statuses");
+                                       std::to_string(status_count) + " statuses");
   }
-  const size_t row_bytes = m && k ? received->size_bytes() / (m * k) : 0;
-  const size_t itemsize = ffi::ByteWidth(received->element_type());
-  char* out = static_cast<char*>(received->untyped_data());
+  const size_t row_bytes = m && k ? out_bytes / (m * k) : 0;
   std::string err;
   for (size_t i = 0; i < m && err.empty(); ++i) {
-    err = Finish(flights[i], out + i * k * row_bytes, row_bytes, itemsize,
-                 status->typed_data() + i * k);
+    err = Finish(flights[i], out + i * k * row_bytes, row_bytes, itemsize, status + i * k);
     if (!err.empty()) {
       err = "jaxcc gossip exchange (op " + std::to_string(flights[i].op_id) + "): " + err;
     }
   }
   TcpAddBlocked(std::chrono::steady_clock::now() - start);
   if (!err.empty()) return ffi::Error::Internal(err);
-  int32_t* l = lost->typed_data();
-  for (size_t r = 0; r < lost->element_count(); ++r) {
-    l[r] = m && !flights[0].transport->Lost(static_cast<int>(r)).empty() ? 1 : 0;
+  for (size_t r = 0; r < nlost; ++r) {
+    lost[r] = m && !flights[0].transport->Lost(static_cast<int>(r)).empty() ? 1 : 0;
   }
   return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error StartImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_to,
+                     ffi::Buffer<ffi::S32> recv_from, ffi::Buffer<ffi::S32> rank,
+                     ffi::AnyBuffer, ffi::Result<ffi::Buffer<ffi::S32>> handle,
+                     int64_t nranks, int64_t op_id, int64_t digest,
+                     ffi::Span<const int64_t> procs, int64_t codec_id, int64_t dtype_id,
+                     int64_t timeout_ms) {
+  return ExchangeStart(
+      static_cast<const char*>(x.untyped_data()), x.element_count(),
+      ffi::ByteWidth(x.element_type()),
+      dtype_id ? static_cast<ffi::DataType>(dtype_id) : x.element_type(),
+      ffi::Span<const int32_t>(send_to.typed_data(), send_to.element_count()),
+      ffi::Span<const int32_t>(recv_from.typed_data(), recv_from.element_count()),
+      rank.typed_data()[0], nranks, op_id, digest, procs, codec_id, timeout_ms,
+      handle->typed_data());
+}
+
+ffi::Error DoneImpl(ffi::Buffer<ffi::S32> handles, ffi::AnyBuffer,
+                    ffi::Result<ffi::AnyBuffer> received,
+                    ffi::Result<ffi::Buffer<ffi::S32>> status,
+                    ffi::Result<ffi::Buffer<ffi::S32>> lost) {
+  return ExchangeDone(ffi::Span<const int32_t>(handles.typed_data(), handles.element_count()),
+                      static_cast<char*>(received->untyped_data()), received->size_bytes(),
+                      ffi::ByteWidth(received->element_type()), status->typed_data(),
+                      status->element_count(), lost->typed_data(), lost->element_count());
 }
 
 }  // namespace

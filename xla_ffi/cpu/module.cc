@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "exchange.h"
 #include "hmac_sha256.h"
 #include "jaxcc/module.h"
 #include "jaxcc/piece_layout.h"
@@ -157,6 +158,49 @@ NB_MODULE(_jaxcc_cpu, m) {
       "last ns i64, bytes u64; CLOCK_REALTIME, received frames by the kernel's stamps).");
   m.def("tcp_unpace", &jaxcc::TcpUnpace,
         "Clears every connection's pacing (the next paced call sets its rates again).");
+  m.def(
+      "exchange_start",
+      [](nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu> x, Vector<int32_t> send_to,
+         Vector<int32_t> recv_from, int rank, int64_t nranks, int64_t op_id, int64_t digest,
+         Vector<int64_t> procs, int64_t codec, int64_t codec_type, int64_t timeout_ms) {
+        int32_t handle = -1;
+        xla::ffi::Error err;
+        {
+          nb::gil_scoped_release release;
+          err = jaxcc::ExchangeStart(
+              static_cast<const char*>(x.data()), x.size(), x.itemsize(),
+              static_cast<xla::ffi::DataType>(codec_type),
+              xla::ffi::Span<const int32_t>(send_to.data(), send_to.shape(0)),
+              xla::ffi::Span<const int32_t>(recv_from.data(), recv_from.shape(0)), rank,
+              nranks, op_id, digest, xla::ffi::Span<const int64_t>(procs.data(), procs.shape(0)),
+              codec, timeout_ms, &handle);
+        }
+        if (!err.success()) throw std::runtime_error(err.message());
+        return handle;
+      },
+      nb::arg("x"), nb::arg("send_to"), nb::arg("recv_from"), nb::arg("rank"), nb::arg("nranks"),
+      nb::arg("op_id"), nb::arg("digest"), nb::arg("procs"), nb::arg("codec"),
+      nb::arg("codec_type"), nb::arg("timeout_ms"),
+      "The host path's jaxcc_exchange_start: posts x (flat, C order) to the ranks send_to and "
+      "returns the exchange's handle at once (codec_type: the FFI type of x's elements).");
+  m.def(
+      "exchange_done",
+      [](Vector<int32_t> handles, nb::ndarray<nb::c_contig, nb::device::cpu> out,
+         nb::ndarray<int32_t, nb::c_contig, nb::device::cpu> status,
+         nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> lost) {
+        xla::ffi::Error err;
+        {
+          nb::gil_scoped_release release;
+          err = jaxcc::ExchangeDone(
+              xla::ffi::Span<const int32_t>(handles.data(), handles.shape(0)),
+              static_cast<char*>(out.data()), out.nbytes(), out.itemsize(), status.data(),
+              status.size(), lost.data(), lost.shape(0));
+        }
+        if (!err.success()) throw std::runtime_error(err.message());
+      },
+      nb::arg("handles"), nb::arg("out"), nb::arg("status"), nb::arg("lost"),
+      "The host path's jaxcc_exchange_done: waits for the exchanges `handles` and writes the "
+      "pieces (m x k x n) into out, a status per slot into status and the lost ranks into lost.");
   m.def("tcp_blocked_ns", &jaxcc::TcpBlockedNs,
         "Nanoseconds this process' calls spent blocked on the network (Tcp collectives and "
         "gossip exchange waits).");
