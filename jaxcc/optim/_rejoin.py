@@ -16,10 +16,12 @@ TCP transport for the state:
    source)`` with a write that fails if the key exists: the first proposal
    stands, whoever made it, and every worker reads the same decision. The
    source is the first live process after q in ring order (q + 1, q + 2, ...
-   modulo the process count): a neighbour, never a fixed process, so two
-   rejoins at once draw on different peers. Two rounds of slack let workers a
-   round behind the proposer see the decision before its round; one that
-   sees it too late (past the round) fails, naming the rounds.
+   modulo the process count): a neighbour rather than a fixed process, so
+   rejoins of processes far apart on the ring draw on different peers, and
+   process 0 is a source only where it is the first live one after q. Two
+   rounds of slack let workers a round behind the proposer see the decision
+   before its round; one that sees it too late (past the round) fails,
+   naming the rounds.
 3. *Admit.* At the start of the decided round every live worker marks q's
    ranks live again in each ``GossipDiLoCoState`` of its tree (from that
    round on they exchange with it), and the source sends q, over the
