@@ -33,7 +33,7 @@ class GossipDiLoCoState(NamedTuple):
       connection is lost leaves it; a restarted worker comes back when the
       training loop sets it again (``(0,)`` if ``init`` ran outside shard_map:
       every worker, always).
-    handles: int32 ``(F,)``, across processes the native exchanges of this
+    handles: int32 ``(F,)``, across processes the gossip exchanges of this
       round's fragments in flight (-1: none).
   """
   count: jax.Array
@@ -162,7 +162,7 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
                   topology=topology)
     tracked = live.shape == (mixer.n,)
     if not tracked:
-      if mixer.native:
+      if mixer.by_exchange:
         raise ValueError(f"{api}: across processes, call init inside shard_map (it sizes the "
                          "state that tracks which workers are live)")
       live = jnp.ones(mixer.n, bool)
@@ -174,7 +174,7 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
     flat_anchor, unravel = ravel_pytree(anchor)
     pieces = jnp.pad(flat_anchor, (0, buffer.size - flat_anchor.size)).reshape(buffer.shape)
     fragment = lambda f: lax.dynamic_index_in_dim(pieces, f, keepdims=False)  # noqa: E731
-    if mixer.native:
+    if mixer.by_exchange:
       handles = lax.cond(
           h < frags, lambda: handles.at[h].set(mixer.start(fragment(h), t, 0, phase, live)),
           lambda: handles)
@@ -186,7 +186,7 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
       buffer = lax.cond(h < frags, twin, lambda b: b, buffer)
 
     def sync(buffer, live):
-      if mixer.native:  # every fragment, once this step's update is computed
+      if mixer.by_exchange:  # every fragment, once this step's update is computed
         after = sum((leaf.reshape(-1)[0].astype(jnp.float32)
                      for leaf in jax.tree.leaves(updates) if leaf.size), jnp.zeros([]))
         buffer, got, lost = mixer.done(handles, buffer[0], after)

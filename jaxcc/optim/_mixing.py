@@ -22,7 +22,7 @@ class Mixer:
   Each receiver divides by the weight of what arrived (its own vector always
   arrives), so its weights still sum to one.
 
-  Across processes (``native``: the job has more than one process and the
+  Across processes (``by_exchange``: the job has more than one process and the
   graph is not "complete"), on any backend, a message travels by jaxcc's
   gossip exchange over its TCP transport (``gossip_exchange``: an FFI call on
   the CPU, host callbacks elsewhere), which may finish in a later program than
@@ -44,7 +44,7 @@ class Mixer:
     self.seed, self.algorithm, self.topology = seed, algorithm, topology
     self.phases = phases(graph, self.n)
     self.me = lax.axis_index(axis_name)
-    self.native = graph != "complete" and jax.process_count() > 1
+    self.by_exchange = graph != "complete" and jax.process_count() > 1
 
   @property
   def slots(self) -> int:
@@ -87,12 +87,12 @@ class Mixer:
 
   def start(self, x: jax.Array, t: jax.Array, op: int, phase: jax.Array, live: jax.Array,
             after: jax.Array | None = None) -> jax.Array:
-    """Starts the native exchange of flat ``x`` in round (t, op), after ``after``: its handle."""
+    """Starts the gossip exchange of flat ``x`` in round (t, op), after ``after``: its handle."""
     send_to, recv_from = self.peers(t, op, phase, live)
     return gossip_exchange.start(x, send_to, recv_from, self.axis_name, self.codec, after)
 
   def done(self, handles: jax.Array, like: jax.Array, after: jax.Array | None = None):
-    """Native exchanges ``handles`` (m,), finished after ``after`` is computed.
+    """Gossip exchanges ``handles`` (m,), finished after ``after`` is computed.
 
     Returns:
       The sum of what arrived per exchange ``(m,) + like.shape``, which slots
@@ -130,7 +130,7 @@ class Mixer:
           after: jax.Array | None = None):
     """One blocking mixing round of ``x`` (after ``after``): (mixed x, the peers found lost,
     bool ``(n,)``)."""
-    if self.native:
+    if self.by_exchange:
       handle = self.start(x, t, op, phase, live, after)
       received, arrived, lost = self.done(handle[None], x)
       return self.combine(x, received[0], arrived[0]), lost
