@@ -50,8 +50,11 @@ def test_gossip_on_the_host_path_trains_the_same_bits_as_on_the_ffi_path():
   FFI path's, bit for bit, on loopback."""
   cfg = dict(CFG, method="gossip_b1", steps=30)
   runs = {path: diloco.run_method(None, dict(cfg, exchange=path)) for path in ("native", "host")}
+  failed = {path: [r["failed"] for r in run["records"] if r["failed"]]
+            for path, run in runs.items()}
+  assert not failed["native"] and not failed["host"], failed
   losses = {path: {r["rank"]: r["loss"] for r in run["records"]} for path, run in runs.items()}
-  assert len(losses["native"]) == 4 and losses["host"] == losses["native"]
+  assert len(losses["native"]) == 4 and losses["host"] == losses["native"], losses
   for q in range(4):
     for t in range(3):
       got, want = (np.load(f"{runs[path]['dir']}/w{q}_r{t}.npy") for path in ("host", "native"))
