@@ -94,7 +94,20 @@ class Transfer(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Schedule:
+class _Steps:
+  """The fields a Schedule and a RankSchedule share, in the order both take them."""
+
+  collective: str
+  nranks: int
+  length: int
+  itemsize: int
+  algorithm: str
+  table: np.ndarray
+  num_steps: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Schedule(_Steps):
   """A collective as data: steps of transfers over per-rank buffers.
 
   Attributes:
@@ -111,13 +124,6 @@ class Schedule:
     perm: the ``(src, dst)`` pairs of a ppermute (empty for the others).
   """
 
-  collective: str
-  nranks: int
-  length: int
-  itemsize: int
-  algorithm: str
-  table: np.ndarray
-  num_steps: int
   root: int = 0
   chunks: int = 1
   perm: tuple[tuple[int, int], ...] = ()
@@ -232,7 +238,7 @@ class Schedule:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class RankSchedule:
+class RankSchedule(_Steps):
   """The part of a Schedule that some ranks send or receive: what a process holding those ranks
   plans (``planner.rank_schedule``, without the whole table) and its native executor runs.
 
@@ -248,13 +254,6 @@ class RankSchedule:
       planner's hash of the planning arguments (empty from ``TableBuilder.build_part``).
   """
 
-  collective: str
-  nranks: int
-  length: int
-  itemsize: int
-  algorithm: str
-  table: np.ndarray
-  num_steps: int
   ranks: np.ndarray
   sent: np.ndarray
   received: np.ndarray
