@@ -31,9 +31,15 @@ TCP transport for the state:
    of the source into local shard i of q), takes the counts as its ranks'
    (so its next exchanges meet the others') and resumes at the decided round.
 
-Bytes: the source's local shards of the tree once (parameters, optimizer
-state and the gossip state: about 4x the parameters with AdamW), plus a few
-bytes per call site, at the transport's rate; nothing from the other workers.
+Bytes: the source's local shards of the tree once (parameters, AdamW's two
+moments and the gossip state's anchor, momentum and mix buffer: about 6x the
+parameters), plus a few bytes per call site, at the transport's rate; nothing
+from the other workers.
+
+The tree's arrays are global jax Arrays whose leading axis is the workers'
+axis (what ``init`` and the step give inside ``jax.shard_map`` with
+``P(axis_name)``): row r of each ``GossipDiLoCoState.live`` is rank r's view,
+and the sharding tells which process holds which ranks.
 The key-value store (the jax.distributed coordination service's) carries the
 two keys per rejoin; a worker polls ``ready`` and ``decision`` once per round
 per lost process.
