@@ -230,9 +230,10 @@ def table(result: dict) -> str:
   for name, r in rows.items():
     ffi = rows.get(name[:-len("+host")]) if name.endswith("+host") else None
     if ffi:
-      lines.append(f"{name}: blocking {r['blocking_s_per_round'] / ffi['blocking_s_per_round']:.3f}"
-                   f" of the FFI path's, utilization {r['utilization'] / ffi['utilization']:.3f}, "
-                   f"loss {r['final_loss'] - ffi['final_loss']:+.2e}")
+      blocked = r["blocking_s_per_round"] / max(ffi["blocking_s_per_round"], 1e-9)
+      lines.append(f"{name}: blocking {blocked:.3f} of the FFI path's, utilization "
+                   f"{r['utilization'] / ffi['utilization']:.3f}, loss "
+                   f"{r['final_loss'] - ffi['final_loss']:+.2e}")
   if "gossip_b0@overlap_rate" in rows:
     r = rows["gossip_b0@overlap_rate"]
     lines.append(f"overlap: at {r['rate_bit_s'] / 1e6:.1f} Mbit/s (one fragment takes one "
