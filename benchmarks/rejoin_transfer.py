@@ -45,7 +45,7 @@ def launch(args) -> dict:
   rate = parse_rate(args.rate)
   wire_s = back["message_bytes"] * 8 / rate
   result = {
-      "command": "benchmarks/rejoin_transfer.py " + " ".join(sys.argv[1:]), "rate": args.rate,
+      "command": " ".join(["benchmarks/rejoin_transfer.py", *sys.argv[1:]]), "rate": args.rate,
       "state_bytes": back["state_bytes"], "message_bytes": back["message_bytes"],
       "source": back["source"], "rejoined_at_round": back["round"],
       "on_the_wire_s": back["on_the_wire_s"], "wire_time_s": wire_s,
