@@ -14,35 +14,40 @@ per-message cost o for each engine, process count and size.
   device each on loopback (``jaxcc.launcher``), the Tcp transport;
 * in-process: one process of 8 virtual CPU devices, the InProcess transport.
 
-Each sample starts right after a tiny psum that lines the processes up; its
+The runs are the bench harness's (``jaxcc.bench.collective.measure``, one
+launch per engine, process count and size, the depths named ``"direct@K"``):
+each sample starts right after a tiny psum that lines the processes up; its
 time is the slowest process'; the K's take turns each repeat; a point is the
-median of ``--reps`` samples after a checked warm-up.
+median of ``--reps`` samples after a warm-up checked against numpy.
 
 Writes ``message_cost.json`` and ``message_cost.png`` next to this file (or
 under ``--out``). Run: ``nice -n 5 .venv/bin/python benchmarks/message_cost.py``
 (about 2 minutes).
 
-Measured on a 2-core host (jax 0.10.2), o in us per message at 256 KiB / 4 MiB
-per rank, R^2 >= 0.987 for every TCP fit; two runs (the second, in the JSON,
-beside other benchmarks at a load of 5-9):
+Measured on 2-core hosts (jax 0.10.2), o in us per message at 256 KiB / 4 MiB
+per rank, R^2 >= 0.987 for every TCP fit. Runs 1 and 2 on one host (run 2
+beside other benchmarks at a load of 5-9); runs 3 and 4 on another host of the
+same kind, idle, run 3 by this harness (in the JSON), run 4 by the loop this
+script had before it used the harness:
 
-| engine | ranks | run 1 | run 2 |
-| --- | --- | --- | --- |
-| TCP | 2 | 28.1 / 36.4 | 33.0 / 29.9 |
-| TCP | 4 | 39.2 / 35.9 | 44.2 / 54.2 |
-| TCP | 8 | 55.1 / 67.4 | 89.5 / 90.6 |
-| in-process | 8 devices | 54.0 / 41.4 | 45.7 / 46.8 |
+| engine | ranks | run 1 | run 2 | run 3 | run 4 |
+| --- | --- | --- | --- | --- | --- |
+| TCP | 2 | 28.1 / 36.4 | 33.0 / 29.9 | 10.4 / 13.8 | 11.8 / 12.9 |
+| TCP | 4 | 39.2 / 35.9 | 44.2 / 54.2 | 15.2 / 18.1 | 16.0 / 20.2 |
+| TCP | 8 | 55.1 / 67.4 | 89.5 / 90.6 | 32.3 / 34.5 | 33.5 / 38.5 |
+| in-process | 8 devices | 54.0 / 41.4 | 45.7 / 46.8 | 65.8 / 65.1 | 63.7 / 64.4 |
 
-Two processes, one core each, are the closest to one host per rank: ~30 us
-per message. With 4 and 8 processes on 2 cores the cost grows with the
-contention for the cores. In-process the busiest rank sends 7 messages a
-step, so ~330 us is each step's rendezvous of 8 threads on 2 cores.
+Two processes, one core each, are the closest to one host per rank: 10-36 us
+per message, depending on the host (``topology.MESSAGE_COST`` is 30 us; the
+probe measures a job's own). With 4 and 8 processes on 2 cores the cost grows
+with the contention for the cores. In-process the busiest rank sends 7
+messages a step, so 300-450 us is each step's rendezvous of 8 threads on 2
+cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
@@ -55,68 +60,23 @@ KiB = 1 << 10
 CHUNKS = tuple(2 ** i for i in range(9))
 
 
-def worker(kibs: list[int], chunks: list[int], reps: int) -> None:
-  """One process: time the direct all_reduce at every size and depth; print one JSON line."""
-  import jax
-  from jax import lax
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  import jaxcc
-  from jaxcc._src import native_executor
-  from jaxcc.launcher import join
-
-  join()
-  n = jax.device_count()
-  mesh = jax.make_mesh((n,), ("x",))
-  procs = np.array([d.process_index for d in mesh.devices.flat], np.int64)
-  procs = procs if jax.process_count() > 1 else np.zeros(0, np.int64)
-  topology = jaxcc.Topology.uniform(n, bandwidth=1e9)
-
-  def smap(fn, out_specs=P("x")):
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=out_specs))
-
-  line_up = smap(lambda b: lax.psum(b[:, :1], "x"), P())
-  fns, inputs, messages = {}, {}, {}
-  for kib in kibs:
-    size = kib * KiB // 4
-    rows = ((np.arange(size)[None] + 7919 * np.arange(n)[:, None]) % 1000).astype(np.float32)
-    x = jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P("x")), lambda i: rows[i])
-    for k in chunks:
-      sched = jaxcc.plan("all_reduce", kib * KiB, topology, "direct", chunks=k)
-      key = f"{kib}/{k}"
-      fns[key] = smap(lambda b, s=sched: native_executor.run_schedule(
-          b[0], s, "x", (), procs, topology)[None])
-      inputs[key] = x
-      messages[key] = int(np.bincount(sched.table[:, 1], minlength=n).max())
-      for shard in fns[key](x).addressable_shards:  # compile, connect, check
-        np.testing.assert_array_equal(np.asarray(shard.data)[0], rows.sum(0), err_msg=key)
-  samples = {key: [] for key in fns}
-  for _ in range(reps):
-    for key, f in fns.items():
-      line_up(inputs[key]).block_until_ready()
-      start = time.perf_counter()
-      f(inputs[key]).block_until_ready()
-      samples[key].append(time.perf_counter() - start)
-  print(json.dumps({"samples": samples, "messages": messages}), flush=True)
-  if jax.process_count() > 1:
-    jax.distributed.shutdown()
-
-
 def measure(engine: str, nproc: int, kibs: list[int], reps: int) -> list[dict]:
-  """One launch of ``nproc`` processes (TCP) or one process of ``nproc`` devices (in-process);
-  returns a row per size: the depths, messages, medians, and the fit."""
-  from jaxcc.launcher import launch
-  tcp = engine == "tcp"
-  args = ["--worker", "--kib", *map(str, kibs), "--reps", str(reps)]
-  out = [p.json() for p in launch(__file__, args, nproc=nproc if tcp else 1,
-                                  local_devices=1 if tcp else nproc, timeout_s=1200)]
+  """The direct all_reduce at every depth of ``CHUNKS`` (``"direct@K"``) by the bench worker
+  (``jaxcc.bench.collective.measure``): ``nproc`` processes on loopback (TCP) or one process of
+  ``nproc`` devices (in-process); a row per size: the depths, messages, medians, and the fit."""
+  import jaxcc
+  from jaxcc.bench import collective
+  topology = jaxcc.Topology.uniform(nproc, bandwidth=1e9)
+  names = [f"direct@{k}" for k in CHUNKS]
   rows = []
   for kib in kibs:
-    keys = [f"{kib}/{k}" for k in CHUNKS]
-    slowest = [np.max([o["samples"][key] for o in out], axis=0) for key in keys]
+    out = collective.measure("all_reduce", topology, kib * KiB, names, reps,
+                             loopback=engine == "tcp")
+    slowest = [np.max([o["samples"][name] for o in out], axis=0) for name in names]
     medians = [float(np.median(s)) for s in slowest]
-    msgs = [out[0]["messages"][key] for key in keys]
+    msgs = [int(np.bincount(jaxcc.plan("all_reduce", kib * KiB, topology, "direct",
+                                       chunks=k).table[:, 1], minlength=nproc).max())
+            for k in CHUNKS]
     rows.append({"engine": engine, "ranks": nproc, "kib": kib, "chunks": list(CHUNKS),
                  "messages": msgs, "median_s": medians,
                  "samples_s": [s.tolist() for s in slowest], **fit(msgs, medians)})
@@ -185,11 +145,7 @@ def main() -> None:
   parser.add_argument("--devices", type=int, default=8, help="in-process devices (default 8)")
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
-  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if args.worker:
-    worker(args.kib, list(CHUNKS), args.reps)
-    return
   from jaxcc.bench import extras, report
   extras.require("benchmarks/message_cost.py", "matplotlib")
   start = time.time()

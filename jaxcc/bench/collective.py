@@ -181,8 +181,10 @@ def effective(topology: Topology, efficiency: float) -> Topology:
 
 def measure(collective: str, topology: Topology, nbytes: int, algorithms: Sequence[str],
             repeats: int, cluster: Cluster | None = None, count_bytes: bool = False,
-            progress: Progress | None = None, label: str = "") -> list[dict]:
-  """Run the worker once: on ``cluster`` if given, else on virtual devices of one process.
+            progress: Progress | None = None, label: str = "",
+            loopback: bool = False) -> list[dict]:
+  """Run the worker once: on ``cluster`` if given, else with ``loopback`` as a process of one
+  CPU device per rank on loopback, else on virtual devices of one process.
 
   Args:
     collective: "all_reduce", "reduce_scatter" or "all_gather".
@@ -195,6 +197,8 @@ def measure(collective: str, topology: Topology, nbytes: int, algorithms: Sequen
       its first timed run of each algorithm (testbed clusters only).
     progress: advanced once per run (warm-ups included), labelled ``label``.
     label: what the progress bar says the runs are.
+    loopback: without ``cluster``, one process per rank on this host (jaxcc's TCP transport
+      between them) instead of one process of every rank.
 
   Returns:
     Each process' ``{"process", "samples": {algorithm: [seconds, ...]}}`` (and
@@ -209,8 +213,9 @@ def measure(collective: str, topology: Topology, nbytes: int, algorithms: Sequen
                          "nbytes": nbytes, "algorithms": list(algorithms), "repeats": repeats,
                          "count_bytes": count_bytes, "progress": path if progress else None})
     with progress.following(path, label) if progress else contextlib.nullcontext():
-      if cluster is not None:
-        processes = launch(WORKER, [config], cluster=cluster, timeout_s=timeout_s,
+      if cluster is not None or loopback:
+        processes = launch(WORKER, [config], cluster=cluster,
+                           nproc=None if cluster else topology.size, timeout_s=timeout_s,
                            env={"JAXCC_TIMEOUT_S": str(int(timeout_s))})
       else:
         processes = launch(WORKER, [config], nproc=1, local_devices=topology.size,
