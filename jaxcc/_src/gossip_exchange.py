@@ -122,7 +122,7 @@ def _lower_start(x, send_to, recv_from, after, *, axes, group_axes, codec, platf
     return [_start_ffi_p.bind(bits, send_to, recv_from, rank, after,
                               procs=native_executor.ArrayAttr(procs),
                               dtype=np.int64(native_executor.bits_type_id(x.dtype)), **attrs)]
-  codec_type = _FFI_TYPES.get(np.dtype(x.dtype), 0)
+  codec_type = native_executor.FFI_FLOAT_TYPES.get(np.dtype(x.dtype), 0)
 
   def host_start(bits, send_to, recv_from, rank, after):
     del after
@@ -156,9 +156,6 @@ def _lower_done(ctx, handles, after, *, platform, **params):
                                  multiple_results=True)(ctx, handles, after)
   return _lower_done_ffi(ctx, handles, after)
 
-
-# The FFI type ids of the element types a codec takes (xla/ffi/api/c_api.h).
-_FFI_TYPES = {np.dtype(jnp.float16): 10, np.dtype(np.float32): 11, np.dtype(jnp.bfloat16): 16}
 
 _start_ffi_p = compat.Primitive("jaxcc_exchange_start")
 _start_ffi_p.def_abstract_eval(_start_abstract)

@@ -44,7 +44,7 @@ import numpy as np
 from jax import lax
 
 from jaxcc._src import compat, config, ffi, nccl_bootstrap, tcp_bootstrap
-from jaxcc._src.bits import as_bits
+from jaxcc._src.bits import as_bits, word_of
 from jaxcc.codec import reference
 from jaxcc.schedules.ir import DST, LENGTH, SRC, RankSchedule, Schedule, traffic
 from jaxcc.topology import Topology
@@ -52,8 +52,9 @@ from jaxcc.topology import Topology
 _op_ids = itertools.count(1)
 # The codec ids of xla_ffi/include/jaxcc/codec.h; 0: raw pieces.
 CODEC_IDS = {None: 0, **reference.CODEC_IDS}
-# XLA_FFI_DataType of the floats the CPU handler takes as bits.
-_FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
+# XLA_FFI_DataType (xla/ffi/api/c_api.h) of the element types a codec takes.
+FFI_FLOAT_TYPES = {np.dtype(jnp.float16): 10, np.dtype(np.float32): 11,
+                   np.dtype(jnp.bfloat16): 16}
 _NONE = np.zeros((0,), np.int64)  # no process map / no pacing
 _NONE.setflags(write=False)
 
@@ -61,7 +62,8 @@ _NONE.setflags(write=False)
 def bits_type_id(dtype) -> int:
   """The handler's ``dtype`` attribute for ``dtype``: the FFI type of a float that travels as
   its bits (``bits.as_bits``), 0 for one that travels as itself."""
-  return _FFI_FLOAT_TYPES.get(np.dtype(dtype), 0)
+  dtype = np.dtype(dtype)
+  return FFI_FLOAT_TYPES[dtype] if word_of(dtype) != dtype else 0
 
 
 def next_op_id() -> int:

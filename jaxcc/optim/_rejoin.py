@@ -85,6 +85,7 @@ def rejoin(tree, *, incarnation: int | None = None, timeout_s: float | None = No
     raise ValueError(f"jaxcc.optim.rejoin: process {me} is not a restarted one (incarnation "
                      f"{k}); a process that starts with the job initialises its state itself")
   timeout_s = config.timeout_s() if timeout_s is None else timeout_s
+  mine = _ranks_of(tree, me)  # before any wait: a tree without the gossip state fails here
   tcp_bootstrap.ensure_started()
   compat.kv_set(f"{_KV}/ready/{me}", str(k), overwrite=True)
   round_, source = _parse(compat.kv_get(f"{_KV}/decision/{me}/{k}", timeout_s))
@@ -94,7 +95,6 @@ def rejoin(tree, *, incarnation: int | None = None, timeout_s: float | None = No
   leaves, treedef = jax.tree.flatten(tree)
   tree = jax.tree.unflatten(treedef, [_with_local_shards(a, [got[f"a{i}_{j}"] for j in range(
       len(a.addressable_shards))]) for i, a in enumerate(leaves)])
-  mine = _ranks_of(tree, me)
   theirs = {int(r): i for i, r in enumerate(got["ranks"])}
   cpu.tcp_set_instances([(int(o), int(g), mine[theirs[int(r)]], int(c))
                          for o, g, r, c in got["instances"] if int(r) in theirs])
@@ -125,10 +125,7 @@ def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
   """
   me, n = jax.process_index(), jax.process_count()
   timeout_s = config.timeout_s() if timeout_s is None else timeout_s
-  gossip = [s for s in jax.tree.leaves(tree, is_leaf=_is_gossip) if _is_gossip(s)]
-  if not gossip:
-    raise ValueError("jaxcc.optim.admit: the tree holds no GossipDiLoCoState")
-  live = _live_processes(gossip[0].live, n)
+  live = _live_processes(_first_gossip(tree, "jaxcc.optim.admit").live, n)
   cpu = ffi.load().cpu
   joined = []
   for q in range(n):
@@ -199,9 +196,17 @@ def _live_processes(live: jax.Array, n: int) -> list[bool]:
   return out
 
 
+def _first_gossip(tree, api: str) -> GossipDiLoCoState:
+  """The first GossipDiLoCoState in ``tree``."""
+  for s in jax.tree.leaves(tree, is_leaf=_is_gossip):
+    if _is_gossip(s):
+      return s
+  raise ValueError(f"{api}: the tree holds no GossipDiLoCoState")
+
+
 def _ranks_of(tree, process: int) -> list[int]:
   """The ranks of ``process`` along the workers' axis, in order."""
-  live = next(s for s in jax.tree.leaves(tree, is_leaf=_is_gossip) if _is_gossip(s)).live
+  live = _first_gossip(tree, "jaxcc.optim.rejoin").live
   return [r for r, p in enumerate(_rank_processes(live)) if p == process]
 
 

@@ -39,9 +39,9 @@ term with the fill and message costs of a direct schedule.
 
 from __future__ import annotations
 
-import numpy as np
-
 import functools
+
+import numpy as np
 
 from jaxcc.schedules.depth import depth_limit
 from jaxcc.schedules.optcc import (GRID_FEWEST_OWNERS, GRID_MIN_OWNERS, grid_layout,

@@ -23,6 +23,8 @@ def test_rejoin_refuses_a_process_that_did_not_restart(monkeypatch):
   monkeypatch.delenv("JAXCC_INCARNATION", raising=False)
   with pytest.raises(ValueError, match="process 0 is not a restarted one"):
     optim.rejoin({"w": np.zeros(3)})
+  with pytest.raises(ValueError, match="rejoin: the tree holds no GossipDiLoCoState"):
+    optim.rejoin({"w": np.zeros(3)}, incarnation=1)  # before any wait on the network
 
 
 def test_admit_needs_a_gossip_state():
