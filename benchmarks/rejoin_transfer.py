@@ -60,7 +60,6 @@ def launch(args) -> dict:
 def worker(mbytes: float) -> None:
   import jax
 
-  jax.config.update("jax_enable_recoverability", True)
   from jaxcc import launcher
   job = launcher.join()
   import jax.numpy as jnp
@@ -122,8 +121,9 @@ def worker(mbytes: float) -> None:
       os.kill(os.getpid(), signal.SIGKILL)
     if h == 0 and r >= 2:
       began = time.time()
-      tree, joined = jaxcc.optim.admit(tree, r, admitted, wait_for=[1] if r == 2 else ())
-      if joined:
+      admission = jaxcc.optim.admit(tree, r, admitted, wait_for=[1] if r == 2 else ())
+      tree = admission.tree
+      if admission.joined:
         out.update(admit_s=time.time() - began, admit_began_at=began)
     tree = step(*tree)
     jax.block_until_ready(tree)

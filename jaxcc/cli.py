@@ -171,8 +171,9 @@ def _bench_diloco(args) -> None:
   from jaxcc.bench import diloco
   result = diloco.run(args.workers, args.rate, args.steps, args.sync_every,
                       codecs=(None,) if args.no_entropy else (None, "entropy"),
-                      methods=args.methods, kill=args.kill, rejoin=args.rejoin,
-                      width=args.width, layers=args.layers, exchanges=args.exchange)
+                      methods=args.methods, kill=args.kill, rejoin=args.rejoin, stop=args.stop,
+                      partition=args.partition, width=args.width, layers=args.layers,
+                      exchanges=args.exchange)
   result["command"] = "jaxcc " + " ".join(sys.argv[1:])
   print(diloco.table(result))
   if args.json:
@@ -209,6 +210,15 @@ def _parse_kill(text: str) -> tuple[int, int]:
     return int(rank), int(at)
   except ValueError:
     raise argparse.ArgumentTypeError(f"expected RANK@ROUND, got {text!r}") from None
+
+
+def _parse_stop(text: str) -> tuple[int, int, float]:
+  rank, _, rest = text.partition("@")
+  at, _, seconds = rest.partition(":")
+  try:
+    return int(rank), int(at), float(seconds)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected RANK@ROUND:SECONDS, got {text!r}") from None
 
 
 def _parse_choices(allowed: tuple[str, ...]):
@@ -321,8 +331,10 @@ def _parser() -> argparse.ArgumentParser:
                   "jaxcc's TCP transport: per method (and with codec entropy) the averaged "
                   "model's loss at equal steps and equal wall time, utilization, blocked "
                   "time per round and bytes sent; --kill RANK@ROUND SIGKILLs a worker "
-                  "(not 0, the coordinator) in gossip and DiLoCo runs, --rejoin ROUND "
-                  "restarts it in gossip; --exchange native,host runs the gossip methods on "
+                  "(process 0 too) in gossip and DiLoCo runs, --rejoin ROUND "
+                  "restarts it in gossip; --stop RANK@ROUND:SECONDS SIGSTOPs one in a "
+                  "gossip run and --partition RANK@ROUND:SECONDS cuts its host's link; "
+                  "--exchange native,host runs the gossip methods on "
                   "both paths of the gossip exchange.")
   p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
   p.add_argument("--rate", default="50mbit", help="link rate of every host (default 50mbit)")
@@ -332,6 +344,13 @@ def _parser() -> argparse.ArgumentParser:
                  help="SIGKILL worker RANK halfway through round ROUND")
   p.add_argument("--rejoin", type=int, metavar="ROUND",
                  help="with --kill: restart it; it rejoins gossip two rounds after ROUND")
+  p.add_argument("--stop", type=_parse_stop, metavar="RANK@ROUND:SECONDS",
+                 help="SIGSTOP worker RANK halfway through round ROUND for SECONDS (gossip); "
+                      "its peers drop it as stuck and it rejoins once back")
+  p.add_argument("--partition", type=_parse_stop, metavar="RANK@ROUND:SECONDS",
+                 help="set worker RANK's link down halfway through round ROUND for SECONDS "
+                      "(gossip): its peers drop it as stuck, it waits cut off from the "
+                      "majority and rejoins once the link is back")
   p.add_argument("--no-entropy", action="store_true", help="skip the codec=entropy runs")
   p.add_argument("--methods", type=_parse_choices(DILOCO_METHODS), default=DILOCO_METHODS,
                  help=f"comma-separated, of {','.join(DILOCO_METHODS)} (default all)")

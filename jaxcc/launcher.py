@@ -1,23 +1,35 @@
 """Run a Python script as the ``nproc`` processes of one ``jax.distributed`` job.
 
-``launch`` starts them on loopback (coordinator on 127.0.0.1, a free port) or
-one per host of an entered ``jaxcc.testbed.Cluster`` (``Cluster.command``; the
-coordinator on host 0), each with ``JAX_PLATFORMS=cpu``, ``local_devices``
-virtual CPU devices and these variables:
+``launch`` starts the job's coordination service (the ``jax.distributed``
+key-value store and heartbeats) in a process of its own, apart from the
+workers, then the workers: on loopback (the service on 127.0.0.1, a free
+port) or one per host of an entered ``jaxcc.testbed.Cluster``
+(``Cluster.command``; the service in host 0's namespace), each with
+``JAX_PLATFORMS=cpu``, ``local_devices`` virtual CPU devices and these
+variables:
 
-  JAXCC_COORDINATOR    ``host:port`` of process 0's coordinator
+  JAXCC_COORDINATOR    ``host:port`` of the job's coordination service
   JAXCC_NUM_PROCESSES  the number of processes
   JAXCC_PROCESS_ID     this process' id, 0 to nproc - 1
   JAXCC_INCARNATION    0; 1 in a process that ``respawn`` started once more
 
-The script calls ``join()`` to become its process of the job. A process whose
-id is in ``respawn`` may be SIGKILLed once: the launcher then starts it again,
-with ``JAXCC_INCARNATION=1``, within the same time limit. Every process
-runs in its own process group, in the launcher's session (a session of its
-own would put it in a scheduler autogroup of its own, which on a shared host
-gave the native transport's progress threads 30-40% less time than in a real
-job); before ``launch`` returns or raises (an error, a timeout, an
-interrupt) it kills each process group, so no process it started, nor
+The script calls ``join()`` to become its process of the job: a client of
+the service, process 0 like any other, so any worker may die without ending
+the job. The service marks every worker recoverable: a dead worker is
+reported to no other (jaxcc's TCP transport finds lost peers itself). If the
+service process dies, every worker's coordination agent ends its process at
+once (jaxlib aborts on a lost service and offers no hook: its
+``missed_heartbeat_callback`` cannot be called from Python), and ``launch``
+raises naming the service; so does a worker's agent, for its own process
+only, once its connection to the service breaks (a cut of 20 s on the
+testbed may: the service resets it). A process whose id is in ``respawn`` may be
+SIGKILLed or so aborted once: the launcher then starts it again, with
+``JAXCC_INCARNATION=1``, within the same time limit. Every process runs in
+its own process group, in the launcher's session (a session of its own would
+put it in a scheduler autogroup of its own, which on a shared host gave the
+native transport's progress threads 30-40% less time than in a real job);
+before ``launch`` returns or raises (an error, a timeout, an interrupt) it
+kills each process group, the service's too, so no process it started, nor
 any child of one, is left behind.
 """
 
@@ -38,6 +50,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 
+from jaxcc._src import compat
 from jaxcc._src.devices import virtual_cpu_environ
 
 if TYPE_CHECKING:
@@ -45,7 +58,9 @@ if TYPE_CHECKING:
 
 COORDINATOR, NUM_PROCESSES, PROCESS_ID, INCARNATION = (
     "JAXCC_COORDINATOR", "JAXCC_NUM_PROCESSES", "JAXCC_PROCESS_ID", "JAXCC_INCARNATION")
+HEARTBEAT_TIMEOUT_S = 100  # jax's default: a worker silent this long is marked failed
 _TAIL = 4000
+_DEATHS = (-signal.SIGKILL, -signal.SIGABRT)  # the statuses of a process respawn restarts
 _NEXT = "--- jaxcc.launcher: incarnation {} ---\n"  # between a respawned process' outputs
 
 
@@ -87,9 +102,10 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
     local_devices: virtual CPU devices per process.
     env: extra environment variables for every process (over the launcher's).
     timeout_s: limit for the whole job, a restart included.
-    respawn: ids of processes that may be SIGKILLed once (status -9) and are then
-      started again, the same command with ``JAXCC_INCARNATION=1``; not 0, whose
-      process hosts the ``jax.distributed`` coordination service and its key-value store.
+    respawn: ids of processes that may die once, SIGKILLed or aborted (status -9 or
+      -6: jax's coordination agent aborts a process whose connection to the service
+      broke, as a cut of 20 s may break it), and are then started again, the same
+      command with ``JAXCC_INCARNATION=1``; process 0 too.
 
   Returns:
     Each process' output, by process id, once all exited with status 0. A respawned
@@ -97,8 +113,9 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
     then its second's, so ``json()`` gives the second's result.
 
   Raises:
-    RuntimeError: a process exited with another status, or was SIGKILLed again; names
-      it, its status and its stderr tail. Every other process is killed first.
+    RuntimeError: a process exited with another status, or died again, or the
+      coordination service ended; names it, its status and its stderr tail. Every other
+      process is killed first.
     TimeoutError: the job ran past ``timeout_s``; names the processes still running.
   """
   if cluster is not None:
@@ -111,18 +128,21 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
       raise ValueError(f"jaxcc.launcher.launch: {name} must be a positive integer, got "
                        f"{value!r}")
   respawn = frozenset(respawn)
-  if 0 in respawn:
-    raise ValueError("jaxcc.launcher.launch: process 0 cannot be respawned: it hosts the "
-                     "jax.distributed coordination service and its key-value store, and the "
-                     "job ends with it")
   wrong = sorted((r for r in respawn if isinstance(r, bool) or r not in range(nproc)), key=str)
   if wrong:
     raise ValueError(f"jaxcc.launcher.launch: respawn ids {wrong} are not process ids "
                      f"0 to {nproc - 1}")
   base = dict(os.environ, **virtual_cpu_environ(local_devices))
-  base.update({COORDINATOR: _coordinator(cluster), NUM_PROCESSES: str(nproc)}, **(env or {}))
+  coordinator = _coordinator(cluster)
+  base.update({COORDINATOR: coordinator, NUM_PROCESSES: str(nproc)}, **(env or {}))
   outs, errs = [[] for _ in range(nproc)], [[] for _ in range(nproc)]  # one file per incarnation
   procs = []
+  service_log = tempfile.TemporaryFile("w+")
+  services = [subprocess.Popen(  # a job of one process joins no service
+      [*([] if cluster is None else cluster.command(0)), sys.executable, "-m", __name__,
+       "--serve", coordinator, str(nproc)],
+      env=base, stdout=service_log, stderr=subprocess.STDOUT, text=True,
+      process_group=0)] if nproc > 1 else []
 
   def start(i: int) -> subprocess.Popen:
     for files in (outs[i], errs[i]):
@@ -134,9 +154,9 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
         stdout=outs[i][-1], stderr=errs[i][-1], text=True, process_group=0)
 
   def poll() -> list[int | None]:
-    """Each process' status, every one polled; a respawn id's first SIGKILL starts it again."""
+    """Each process' status, every one polled; a respawn id's first death starts it again."""
     for i, p in enumerate(procs):
-      if p.poll() == -signal.SIGKILL and i in respawn and len(outs[i]) == 1:
+      if p.poll() in _DEATHS and i in respawn and len(outs[i]) == 1:
         _kill([p])  # its children too: that incarnation is over
         procs[i] = start(i)
     return [p.returncode for p in procs]
@@ -146,6 +166,12 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
       procs.append(start(i))
     deadline = time.monotonic() + timeout_s
     while None in poll():
+      if any(s.poll() is not None for s in services):
+        _kill(procs)
+        service_log.seek(0)
+        raise RuntimeError(f"jaxcc.launcher.launch: the coordination service exited with "
+                           f"{services[0].returncode}; its output ends:\n"
+                           f"{service_log.read()[-_TAIL:]}")
       failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
       if failed:
         raise _failure(procs, failed[0], errs)
@@ -161,7 +187,8 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
       raise _failure(procs, failed[0], errs)
     return [Process(i, _read(o), _read(e)) for i, (o, e) in enumerate(zip(outs, errs))]
   finally:
-    _kill(procs)
+    _kill(procs + services)
+    service_log.close()
     for files in outs + errs:
       for f in files:
         f.close()
@@ -179,9 +206,11 @@ def job() -> Job | None:
 def join(timeout_s: float = 120) -> Job:
   """Become this process' member of the launched job: ``jax.distributed`` over gloo.
 
-  With more than one process, sets gloo as XLA's CPU collectives and calls
-  ``jax.distributed.initialize`` (waiting up to ``timeout_s`` for the others);
-  a job of one process has no one to join. Call it before jax computes anything.
+  With more than one process, sets gloo as XLA's CPU collectives and connects
+  to the launcher's coordination service as a client (``jax.distributed``
+  initialized, waiting up to ``timeout_s`` for the others; process 0 hosts no
+  service); a job of one process has no one to join. Call it before jax
+  computes anything.
 
   Raises:
     RuntimeError: this process was not started by ``launch``.
@@ -192,8 +221,8 @@ def join(timeout_s: float = 120) -> Job:
                        "jaxcc.launcher.launch")
   if me.num_processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(me.coordinator, me.num_processes, me.process_id,
-                               initialization_timeout=int(timeout_s))
+    compat.connect_to_coordination(me.coordinator, me.num_processes, me.process_id,
+                                   int(timeout_s), HEARTBEAT_TIMEOUT_S, me.incarnation > 0)
   return me
 
 
@@ -231,3 +260,18 @@ def _kill(procs: list[subprocess.Popen]) -> None:
     except (ProcessLookupError, PermissionError):
       pass
     p.wait()
+
+
+def _serve(address: str, num_processes: int) -> None:
+  """The job's coordination service, until the launcher kills it."""
+  service = compat.serve_coordination(address, num_processes, HEARTBEAT_TIMEOUT_S)
+  try:
+    signal.pause()
+  finally:
+    service.shutdown()
+
+
+if __name__ == "__main__":
+  if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 4:
+    sys.exit("usage: python -m jaxcc.launcher --serve HOST:PORT NUM_PROCESSES")
+  _serve(sys.argv[2], int(sys.argv[3]))

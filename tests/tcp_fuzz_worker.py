@@ -39,7 +39,7 @@ from jaxcc._src import compat, config, ffi, tcp_bootstrap  # noqa: E402
 
 M = 1000  # float32 elements per rank: a piece of 4000 bytes
 HEADER = struct.Struct("<IIqqqqiiqQQ")  # tcp_engine.h: WireHeader
-MAGIC, DATA, PART = 0x4d43584a, 1, 3
+MAGIC, DATA, PART, BEAT = 0x4d43584a, 1, 3, 4
 FIELDS = ("magic", "kind", "op_id", "instance", "group", "step", "src", "dst", "digest",
           "length", "bound")
 INTEGRITY = config.tcp_integrity() == "hmac"
@@ -59,7 +59,8 @@ class Peer:
                     hashlib.sha256).digest()
 
   def read(self):
-    """The next data frame from process 0 (its fields and payload); abort frames skipped."""
+    """The next data frame from process 0 (its fields and payload); abort and beat frames
+    skipped."""
     while True:
       header = self._exact(HEADER.size)
       fields = HEADER.unpack(header)
@@ -104,7 +105,11 @@ def cases(rng):
   stray = r"frame\(s\) for calls that have not started here"
   fixed = [
       field("magic", 0x12345678, r"process 1 sent a frame whose magic 305419896 is not"),
-      field("kind", 7, r"whose kind 7 is none of data, part or abort"),
+      field("kind", 7, r"whose kind 7 is none of data, part, abort or beat"),
+      field("kind", BEAT, r"whose length 4000 is not a beat's 0"),
+      ("beats", lambda peer, h, x: peer.sock.sendall(b"".join(
+          [peer.frame(replace(h, kind=BEAT, length=0), b"") for _ in range(3)] +
+          [peer.frame(h, x)])), None),  # a live peer's beats before its piece: harmless
       field("kind", PART, r"whose kind is a part of a split piece, but the call's pieces are raw"),
       field("step", 5, r"whose step is not one at which the schedule sends rank 0 a piece"),
       field("src", 7, r"whose src is not one of the call's 2 ranks"),
@@ -127,6 +132,8 @@ def cases(rng):
       ("payload cut", lambda peer, h, x: _cut(peer, peer.frame(h, x), 72 + 1500),
        r"in the middle of a frame \(72 of 72 header bytes, 1500 of 4000 payload bytes\)"),
       ("payload stall", lambda peer, h, x: peer.sock.sendall(peer.frame(h, x)[:72 + 2000]),
+       r"stuck waiting for the piece of rank 1 \(process 1\), whose process sent nothing for"),
+      ("beats, no piece", _beats_only,  # alive, so not stuck: the timeout ends the wait
        rf"timed out after {TIMEOUT_S:g} s waiting for the piece of rank 1 \(process 1\)"),
       ("garbage", lambda peer, h, x: peer.sock.sendall(rng.randbytes(72 + 4000)),
        r"process 1 sent a frame whose magic"),
@@ -159,6 +166,17 @@ def honest(peer, h, x):
 def _cut(peer, data, n):
   peer.sock.sendall(data[:n])
   peer.sock.shutdown(socket.SHUT_WR)
+
+
+def _beats_only(peer, h, x):
+  """A live peer that never sends its piece: a beat every 100 ms until past the timeout."""
+  end = time.monotonic() + TIMEOUT_S + 0.5
+  try:
+    while time.monotonic() < end:
+      peer.sock.sendall(peer.frame(replace(h, kind=BEAT, length=0), b""))
+      time.sleep(0.1)
+  except OSError:
+    pass  # process 0 closed the connection
 
 
 def _flip(data, at):

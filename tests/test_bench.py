@@ -197,11 +197,17 @@ def test_a_sweep_rejects_bad_options_before_any_work(capsys, monkeypatch):
   assert sweep.repeats_at(4 << 20, 10) == 10 and sweep.repeats_at(256 << 20, 10) == 3
 
 
-def test_bench_diloco_refuses_to_kill_the_coordinator_before_any_work(capsys, monkeypatch):
+def test_bench_diloco_refuses_a_fault_that_cannot_happen_before_any_work(capsys, monkeypatch):
   from jaxcc.bench import diloco
   monkeypatch.setattr(diloco, "run_method", lambda *a, **k: pytest.fail("a run started"))
-  assert cli.main(["bench", "diloco", "--kill", "0@2", "--rejoin", "3"]) == 1
-  assert "process 0 hosts the coordination service" in capsys.readouterr().err
+  for argv, said in ((["--kill", "4@2"], "process 4 is not one of the 4 workers"),
+                     (["--kill", "1@20"], "round 20 is not one of rounds 1 to 19"),
+                     (["--kill", "1@0"], "round 0 is not one of rounds 1 to 19"),
+                     (["--kill", "1@17", "--rejoin", "3"], "must come before the last (19)"),
+                     (["--rejoin", "3"], "--rejoin 3: needs --kill"),
+                     (["--stop", "2@3:0"], "0.0 seconds is not a positive time")):
+    assert cli.main(["bench", "diloco", *argv]) == 1
+    assert said in capsys.readouterr().err
   with pytest.raises(SystemExit):
     cli.main(["bench", "diloco", "--kill", "two@2"])
   assert "expected RANK@ROUND" in capsys.readouterr().err

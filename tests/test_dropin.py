@@ -259,7 +259,12 @@ def test_tuple_axes_gradient_equals_lax():
   spec = P(("a", "b"))
   got = run(grads(lambda b: jaxcc.all_reduce(b, ("a", "b"))), mesh, x, spec, spec)
   want = run(grads(lambda b: lax.psum(b, ("a", "b"))), mesh, x, spec, spec)
-  assert_close(got, want, jnp.float32)
+  # The gradient is 2u times the psum of p cosines of s = psum(u^2): each cosine moves by the
+  # reassociation error of s, at most p * eps * s.
+  p, eps = 8, float(np.finfo(np.float32).eps)
+  s = (x * x).sum(0)
+  bound = 2 * np.abs(x) * p * (p * eps * s) + 1e-5 * np.abs(np.asarray(want))
+  assert np.all(np.abs(np.asarray(got) - np.asarray(want)) <= bound), f"seed={SEED}"
 
 
 # --- partial-manual meshes --------------------------------------------------------------------

@@ -65,6 +65,54 @@ def test_a_failing_process_is_named_and_the_others_are_killed(tmp_path):
       os.kill(pid, 0)
 
 
+def test_process_0_dies_and_the_others_keep_the_key_value_store_and_take_it_back(tmp_path):
+  """The coordination service runs apart: process 0 SIGKILLed, the others use the store on."""
+  script = _script(tmp_path, "zero.py", """
+      import json, os, signal
+      import jax
+      from jaxcc import launcher
+      from jaxcc._src import compat
+      me = launcher.join()
+      devices = jax.device_count()  # the CPU client's topology, through the store
+      if me.process_id == 0 and me.incarnation == 0:
+        compat.kv_set("zero/first", str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+      first = compat.kv_get("zero/first", 60)
+      if me.process_id == 0:
+        compat.kv_set("zero/back", "1")
+      print(json.dumps({"first": first, "back": compat.kv_get("zero/back", 60),
+                        "devices": devices}))
+      """)
+  processes = launcher.launch(script, nproc=3, local_devices=2, respawn={0}, timeout_s=120)
+  results = [p.json() for p in processes]
+  assert all(r["back"] == "1" and r["first"] == results[0]["first"] for r in results), results
+  assert all(r["devices"] == 6 for r in results), results
+  assert "incarnation 1" in processes[0].stdout
+
+
+def test_the_coordination_service_ending_is_named_and_every_process_is_killed(tmp_path):
+  pids = tmp_path / "pids"
+  script = _script(tmp_path, "service.py", f"""
+      import os, signal, time
+      from jaxcc import launcher
+      me = launcher.join()
+      with open({str(pids)!r}, "a") as f:
+        f.write(f"{{os.getpid()}}\\n")
+      if me.process_id == 1:  # the service is the process that serves this job's address
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+          with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+            argv = f.read().split(b"\\0")
+          if b"--serve" in argv and me.coordinator.encode() in argv:
+            os.kill(int(pid), signal.SIGKILL)
+      time.sleep(600)
+      """)
+  with pytest.raises(RuntimeError, match="the coordination service exited with -9"):
+    launcher.launch(script, nproc=3, timeout_s=120)
+  for pid in map(int, pids.read_text().split()):
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
+
+
 def test_a_job_past_its_time_limit_is_killed_naming_who_still_ran(tmp_path):
   script = _script(tmp_path, "slow.py", f"""
       import os, sys, time

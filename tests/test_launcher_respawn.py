@@ -1,4 +1,5 @@
-"""jaxcc.launcher's respawn: a listed process SIGKILLed once starts again; a second kill fails."""
+"""jaxcc.launcher's respawn: a listed process SIGKILLed once starts again, process 0 too; a second
+kill fails."""
 
 import os
 
@@ -41,16 +42,17 @@ def _all_gone(pids):
       os.kill(pid, 0)
 
 
-def test_a_respawned_process_killed_once_runs_again_and_gives_its_second_result(tmp_path):
-  processes = launcher.launch(_script(tmp_path), [2, 1, ""], nproc=3, respawn={2},
+@pytest.mark.parametrize("victim", [2, 0])
+def test_a_respawned_process_killed_once_runs_again_and_gives_its_second_result(tmp_path, victim):
+  processes = launcher.launch(_script(tmp_path), [victim, 1, ""], nproc=3, respawn={victim},
                               timeout_s=60)
-  assert [p.json() for p in processes] == [{"rank": 0, "incarnation": 0, "env": "0"},
-                                           {"rank": 1, "incarnation": 0, "env": "0"},
-                                           {"rank": 2, "incarnation": 1, "env": "1"}]
-  assert processes[2].stdout.startswith(
-      "incarnation 0 dies\n--- jaxcc.launcher: incarnation 1 ---\n{"), processes[2].stdout
-  assert processes[2].stderr.startswith(
-      "incarnation 0 stderr\n--- jaxcc.launcher: incarnation 1 ---\n"), processes[2].stderr
+  assert [p.json() for p in processes] == [
+      {"rank": q, "incarnation": int(q == victim), "env": str(int(q == victim))}
+      for q in range(3)]
+  assert processes[victim].stdout.startswith(
+      "incarnation 0 dies\n--- jaxcc.launcher: incarnation 1 ---\n{"), processes[victim].stdout
+  assert processes[victim].stderr.startswith(
+      "incarnation 0 stderr\n--- jaxcc.launcher: incarnation 1 ---\n"), processes[victim].stderr
   assert "jaxcc.launcher: incarnation" not in processes[1].stdout + processes[1].stderr
 
 
@@ -69,10 +71,9 @@ def test_a_killed_process_not_listed_fails_the_job_and_the_others_are_killed(tmp
   _all_gone(pids)
 
 
-@pytest.mark.parametrize("respawn, match", [({0}, "process 0 cannot be respawned"),
-                                            ({5}, r"respawn ids \[5\]"),
+@pytest.mark.parametrize("respawn, match", [({5}, r"respawn ids \[5\]"),
                                             ({-1, 1}, r"respawn ids \[-1\]")])
-def test_process_0_and_ids_outside_the_job_cannot_be_respawned(tmp_path, respawn, match):
+def test_ids_outside_the_job_cannot_be_respawned(tmp_path, respawn, match):
   with pytest.raises(ValueError, match=match):
     launcher.launch(_script(tmp_path), [2, 1, ""], nproc=3, respawn=respawn)
 

@@ -3,7 +3,8 @@
 The peer (process 1) passes the real handshake, then sends rank 1's frame of a
 native all_gather honestly or broken: every header field mutated (fixed cases
 naming the field they must be refused for, and seeded random ones), a frame
-cut in the header or the payload, one that stalls, garbage, a duplicate, and
+cut in the header or the payload, one that stalls, garbage, a duplicate, beats
+(harmless) and a beat with a payload, and
 with integrity on, frames whose MAC does not verify. jaxcc (process 0) must
 end every broken collective within the timeout with an error naming process 1
 and the field, never a wrong result, and the honest collective after each one

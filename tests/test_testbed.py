@@ -129,7 +129,9 @@ def test_two_clusters_sum_like_numpy_and_count_the_formulas_cross_cluster_bytes(
   for r in rows:
     expected = cross_cluster_bytes("all_reduce", nbytes, 2)
     assert r["inter_cluster_bytes_expected"] == expected, r
-    assert 1.0 <= r["inter_cluster_bytes_measured"] / expected < 1.03, r
+    # Above the payload, measured at 1 and 4 MiB: 1.7% of it (TCP/IP headers, ACKs) and 27 KB
+    # whatever the size (the line-up psums over gloo, frame headers, beats): 3.0% at 1 MiB.
+    assert 1.0 <= r["inter_cluster_bytes_measured"] / expected < 1.05, r
     assert r["measured_s"] > 0.8 * r["lower_bound_s"], r
 
 

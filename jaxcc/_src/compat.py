@@ -19,6 +19,7 @@ from jax._src import dispatch as _dispatch
 from jax._src import distributed as _distributed
 from jax._src import effects as _effects
 from jax._src import xla_bridge as _xla_bridge
+from jax._src.lib import _jax
 from jax._src.interpreters import ad, batching, mlir  # noqa: F401  (re-exported)
 from jax._src.lib.mlir import ir
 from jax.extend.core import Primitive  # noqa: F401  (re-exported)
@@ -226,6 +227,40 @@ def lowering_mesh() -> jax.sharding.Mesh | None:
 def backends_started() -> bool:
   """Whether jax has created its backends (after which the CPU device count is fixed)."""
   return _xla_bridge.backends_are_initialized()
+
+
+def serve_coordination(address: str, num_processes: int, heartbeat_timeout_s: int):
+  """Run a jax.distributed coordination service on ``address`` for ``num_processes`` clients.
+
+  Every task is recoverable: a client that dies is not reported to the others (no
+  error, no failed barrier, no shutdown barrier), so a job's survivors run on; the
+  service keeps the key-value store. Returns the service; it runs until shut down.
+  """
+  return _jax.get_distributed_runtime_service(address, num_processes,
+                                              heartbeat_timeout=heartbeat_timeout_s,
+                                              recoverable=True)
+
+
+def connect_to_coordination(address: str, num_processes: int, process_id: int,
+                            timeout_s: int, heartbeat_timeout_s: int, restarted: bool) -> None:
+  """``jax.distributed.initialize`` as a client of a service that runs elsewhere, any process id.
+
+  ``initialize`` starts a service in process 0; here it binds an ephemeral
+  loopback port, which no client reaches, and is shut down at once, so process
+  0 is a client like the others and may die without taking the job's service
+  with it. A restarted process 0 first deletes the CPU client's global
+  topology from the store: process 0 publishes it, once per key, when its
+  backend starts (the others read it, and read it long before).
+  """
+  jax.distributed.initialize(address, num_processes, process_id,
+                             initialization_timeout=timeout_s,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s,
+                             coordinator_bind_address="127.0.0.1:0" if process_id == 0 else None)
+  if _distributed.global_state.service is not None:
+    _distributed.global_state.service.shutdown()
+    _distributed.global_state.service = None
+  if restarted and process_id == 0:
+    _distributed.global_state.client.key_value_delete("cpu:global_topology")
 
 
 def coordinator_address() -> str | None:

@@ -8,9 +8,15 @@ transport's progress thread while the process computes, even across program
 executions. ``done(handles)`` waits, for each exchange, for the piece of
 slot j from each ``recv_from[j]`` and returns them as rows, a status per slot
 (``ARRIVED`` 1, 0 none expected, -1 the peer's connection is lost: no piece,
-no error) and which ranks' processes are lost. A peer that is up but silent past
-``JAXCC_TIMEOUT_S`` fails ``done`` with an error that names it. Slots hold
-ranks or -1; sender and receiver of a pair use the same slot.
+no error) and which ranks' processes are lost. A peer whose process sends no
+byte (a live process' transport beats every 100 ms, however slow its
+compute) for half the call site's period (the time between its last two
+dones, at least 500 ms) while ``done`` waits for its piece is stuck (stopped
+or cut off): ``done`` drops it, closing its connection, so it is lost from then
+on, here and on its side (``jaxcc.optim.rejoin`` takes it back). Before a
+call site's period is known (its first done), a peer that is up but silent
+past ``JAXCC_TIMEOUT_S`` fails ``done`` with an error that names it. Slots
+hold ranks or -1; sender and receiver of a pair use the same slot.
 
 Bytes per call: ``x.nbytes`` (with a codec, its encoded size) to each
 ``send_to`` slot that is not -1, in one step. The pure-JAX twin is

@@ -13,8 +13,12 @@ optimizer alone): gossip (blocking_rounds=0)'s inner step over the same step
 with its messages dropped, and over ``local``'s. With
 ``--kill RANK@ROUND`` gossip (blocking_rounds=1) and DiLoCo run again with
 that worker SIGKILLed halfway through the round (``--rejoin ROUND``: gossip
-restarts it, it rejoins at a later round). Process 0 hosts the job's
-coordination service and may not be the one killed.
+restarts it, it rejoins at a later round). Any worker may be the one killed,
+process 0 included: the job's coordination service runs apart from the
+workers (``jaxcc.launcher``). ``--stop RANK@ROUND:SECONDS`` SIGSTOPs a
+worker and ``--partition RANK@ROUND:SECONDS`` cuts its host's link for that
+long (gossip, blocking_rounds=1): its peers drop it as stuck, and once back
+it rejoins.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from jaxcc.optim._graphs import fragments
 METHODS = ("local", "data_parallel", "diloco", "gossip_b0", "gossip_b1")
 OVERLAP_DROP = 0.999  # the overlap's run without mixing: gossip_b0 with its messages dropped
 _WORKER = os.path.join(os.path.dirname(__file__), "diloco_worker.py")
+_SILENCES = ("stopped", "partitioned")  # faults that silence a worker for a while
+_FAULTS = ("kill", "stop", "partition")  # the suffixes of a faulty run's method
 
 
 def run_method(cluster, cfg: dict, respawn=()) -> dict:
@@ -44,11 +50,13 @@ def run_method(cluster, cfg: dict, respawn=()) -> dict:
                       "JAXCC_EXCHANGE": cfg.get("exchange", "native")})
   records = [p.json() for p in procs]
   sent = [cluster.bytes(i)[0] - before[i] for i in range(cluster.n)] if cluster else None
-  killed = None
-  if os.path.exists(os.path.join(out, "killed.json")):
-    with open(os.path.join(out, "killed.json")) as f:
-      killed = json.load(f)
-  return {"records": records, "bytes_sent": sent, "dir": out, "killed": killed}
+  faults = {}
+  for fault in ("killed",) + _SILENCES:
+    if os.path.exists(os.path.join(out, f"{fault}.json")):
+      with open(os.path.join(out, f"{fault}.json")) as f:
+        faults[fault] = json.load(f)
+  return {"records": records, "bytes_sent": sent, "dir": out,
+          **{fault: faults.get(fault) for fault in ("killed",) + _SILENCES}}
 
 
 def evaluate(run: dict, cfg: dict) -> dict:
@@ -112,6 +120,42 @@ def evaluate(run: dict, cfg: dict) -> dict:
       out["rejoined_at_round"] = back[0]["rejoined_at_round"]
       out["rejoin_source"] = back[0]["rejoin_source"]
       out["rejoin_gap"] = _rejoin_gap(run, cfg, victim, back[0]["rejoined_at_round"], loss_of)
+  for fault in _SILENCES:
+    if run.get(fault):
+      out.update(_silence_metrics(run, fault, cfg, loss_of))
+  return out
+
+
+def _silence_metrics(run: dict, fault: str, cfg: dict, loss_of) -> dict:
+  """A stopped or cut-off worker: who dropped it as stuck and when (the first and the last),
+  the survivors' blocked time per round during the fault over their other rounds' (round 0
+  aside: it compiles), how long it waited cut off, and its rejoin."""
+  silenced = run[fault]
+  victim, at, until = silenced["rank"], silenced["time"], silenced["time"] + silenced["seconds"]
+  every, rounds = cfg["sync_every"], cfg["steps"] // cfg["sync_every"]
+  others = [r for r in run["records"] if r["rank"] != victim]
+  dropped = {r["rank"]: r["lost"][str(victim)] for r in others
+             if "stuck past" in r["lost"].get(str(victim), {}).get("why", "")}
+  during, normal = [], []
+  for r in others:
+    ends = [r["start_time"]] + [r["round_end"][str(t)] for t in range(rounds)
+                                if str(t) in r["round_end"]]
+    for t in range(1, len(ends) - 1):
+      blocked = sum(b for i, b in zip(r["step"], r["blocked"]) if i // every == t)
+      (during if ends[t] < until and ends[t + 1] > at else normal).append(blocked)
+  out = {fault: silenced, "dropped_by": sorted(dropped),
+         "detection_s": min(d["lost_at"] for d in dropped.values()) - at if dropped else None,
+         "last_drop_s": max(d["lost_at"] for d in dropped.values()) - at if dropped else None,
+         "drop_reason": next(iter(dropped.values()))["why"] if dropped else None,
+         "survivors_finished": all(len(r["round_end"]) == rounds for r in others),
+         "blocking_s_per_round_normal": float(np.mean(normal)) if normal else None,
+         "blocking_s_per_round_during_fault": float(np.mean(during)) if during else None}
+  back = [r for r in run["records"] if r["rank"] == victim]
+  if back:
+    out["cut_off"] = back[0].get("cut_off", [])
+  if back and back[0].get("rejoined_at_round") is not None:
+    out["rejoined_at_round"] = back[0]["rejoined_at_round"]
+    out["rejoin_gap"] = _rejoin_gap(run, cfg, victim, back[0]["rejoined_at_round"], loss_of)
   return out
 
 
@@ -135,19 +179,41 @@ def loss_at(curve: list, time_s: float) -> float:
   return done[-1] if done else float("nan")
 
 
+def _check_faults(workers: int, rounds: int, kill, rejoin, stop, partition) -> None:
+  """Refuses a fault plan that cannot happen, before any host starts."""
+  for name, fault in (("kill", kill), ("stop", stop), ("partition", partition)):
+    if fault is None:
+      continue
+    rank, at = fault[0], fault[1]
+    if not 0 <= rank < workers:
+      raise ValueError(f"--{name} {rank}@{at}: process {rank} is not one of the {workers} workers")
+    if not 1 <= at < rounds:
+      raise ValueError(f"--{name} {rank}@{at}: round {at} is not one of rounds 1 to "
+                       f"{rounds - 1} (the first round runs without a fault)")
+  for name, fault in (("stop", stop), ("partition", partition)):
+    if fault is not None and not fault[2] > 0:
+      raise ValueError(f"--{name}: {fault[2]} seconds is not a positive time")
+  if rejoin is not None and (kill is None or not kill[1] + rejoin < rounds):
+    raise ValueError(f"--rejoin {rejoin}: needs --kill, and the round it rejoins at must "
+                     f"come before the last ({rounds - 1})")
+
+
 def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: int = 20,
         codecs=(None, "entropy"), methods=METHODS, kill: tuple[int, int] | None = None,
-        rejoin: int | None = None, width: int | None = None, layers: int | None = None,
+        rejoin: int | None = None, stop: tuple[int, int, float] | None = None,
+        partition: tuple[int, int, float] | None = None,
+        width: int | None = None, layers: int | None = None,
         timeout_s: float = 60, exchanges=("native",)) -> dict:
   """Every method (and codec) on a testbed of ``workers`` hosts at ``rate``; see the module.
 
   ``exchanges``: the gossip methods run once per path of the gossip exchange
-  (``JAXCC_EXCHANGE``), rows named ``+host`` for the host path.
+  (``JAXCC_EXCHANGE``), rows named ``+host`` for the host path. ``stop``
+  (rank, round, seconds): gossip (blocking_rounds=1) runs once more with that
+  worker SIGSTOPped halfway through the round for that long; ``partition``
+  likewise, its host's link down for that long.
   """
   from jaxcc.testbed import Cluster
-  if kill is not None and kill[0] == 0:
-    raise ValueError("jaxcc bench diloco: process 0 hosts the coordination service and may not "
-                     "be killed; pick another rank")
+  _check_faults(workers, steps // sync_every, kill, rejoin, stop, partition)
   base = {"workers": workers, "steps": steps, "sync_every": sync_every, "timeout_s": timeout_s}
   base.update({k: v for k, v in (("width", width), ("layers", layers)) if v is not None})
   rows, runs = [], []
@@ -155,18 +221,23 @@ def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: in
     plan = [(m, c, None, path) for c in codecs for path in exchanges for m in methods
             if (c is None or m != "local") and (path == exchanges[0] or m.startswith("gossip"))]
     if kill is not None:
-      plan += [("gossip_b1", None, kill, exchanges[0]), ("diloco", None, kill, exchanges[0])]
-    for method, codec, k, path in plan:
+      plan += [("gossip_b1", None, ("kill", kill), exchanges[0]),
+               ("diloco", None, ("kill", kill), exchanges[0])]
+    plan += [("gossip_b1", None, (name, fault), exchanges[0])
+             for name, fault in (("stop", stop), ("partition", partition)) if fault is not None]
+    for method, codec, fault, path in plan:
       cfg = dict(base, method=method, codec=codec, exchange=path)
       respawn = ()
-      if k is not None:
-        cfg.update(kill=list(k), rejoin=rejoin if method.startswith("gossip") else None)
-        if cfg["rejoin"] is None:
-          cfg["wait_for"] = [q for q in range(1, workers) if q != k[0]]
-        respawn = {k[0]}
+      if fault and fault[0] == "kill":
+        cfg.update(kill=list(fault[1]), rejoin=rejoin if method.startswith("gossip") else None)
+        respawn = {fault[1][0]}
+      elif fault:
+        cfg[fault[0]] = list(fault[1])
+        # jax's coordination agent may end a cut-off worker once the cut heals: it restarts.
+        respawn = {fault[1][0]} if fault[0] == "partition" else ()
       result = run_method(cluster, cfg, respawn)
-      row = {"method": method + ("+" + codec if codec else "") + ("+kill" if k else "") +
-             ("" if path == "native" else "+" + path), **evaluate(result, cfg)}
+      row = {"method": method + ("+" + codec if codec else "") + ("+" + fault[0] if fault else
+             "") + ("" if path == "native" else "+" + path), **evaluate(result, cfg)}
       rows.append(row)
       runs.append(result)
   by_name = {r["method"]: r for r in rows}
@@ -194,9 +265,11 @@ def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: in
     rows.append(row)
   clean = {r["method"]: r for r in rows}
   for r in rows:
-    if r["method"].endswith("+kill") and r["method"][:-5] in clean:
-      r["loss_vs_clean"] = r["final_loss"] / clean[r["method"][:-5]]["final_loss"] - 1
-  end = min((r["curve"][-1]["time"] for r in rows if r["curve"] and "kill" not in r["method"]
+    base_name, plus, fault = r["method"].rpartition("+")
+    if plus and fault in _FAULTS and base_name in clean:
+      r["loss_vs_clean"] = r["final_loss"] / clean[base_name]["final_loss"] - 1
+  end = min((r["curve"][-1]["time"] for r in rows if r["curve"]
+             and r["method"].rpartition("+")[2] not in _FAULTS
              and r["method"] != "local" and "@" not in r["method"]), default=0)
   for r in rows:
     r["loss_at_equal_time"] = loss_at(r["curve"], end)
@@ -255,6 +328,26 @@ def table(result: dict) -> str:
         lines.append(f"  rejoined at round {r['rejoined_at_round']} from process "
                      f"{r['rejoin_source']}; its loss over the others' "
                      "per round: " + ", ".join(f"{g:+.2%}" for g in r["rejoin_gap"][:4]))
+    for fault, did in zip(_SILENCES, ("stopped", "cut off")):
+      if fault not in r:
+        continue
+      st = r[fault]
+      lines.append(f"{name}: {did} rank {st['rank']} at step {st['step']} for "
+                   f"{st['seconds']:g} s; dropped as stuck by processes {r['dropped_by']} "
+                   + (f"{r['detection_s']:.2f} s after the fault (the last "
+                      f"{r['last_drop_s']:.2f} s)" if r["detection_s"] is not None else ""))
+      during = r["blocking_s_per_round_during_fault"]
+      during_ms = float("nan") if during is None else during * 1e3
+      lines.append(f"  survivors finished every round: {r['survivors_finished']}; blocked per "
+                   f"round during the fault {during_ms:.1f} ms against "
+                   f"{r['blocking_s_per_round_normal'] * 1e3:.1f} ms otherwise; loss "
+                   f"vs the run without a failure {r.get('loss_vs_clean', float('nan')):+.2%}")
+      for c in r.get("cut_off", []):
+        lines.append(f"  it waited {c['seconds']:.2f} s at round {c['round']}, cut off from the "
+                     "majority")
+      if "rejoin_gap" in r:
+        lines.append(f"  back, it rejoined at round {r['rejoined_at_round']}; its loss over the "
+                     "others' per round: " + ", ".join(f"{g:+.2%}" for g in r["rejoin_gap"][:4]))
   return "\n".join(lines)
 
 

@@ -7,12 +7,25 @@ time and the time its calls were blocked on the network
 killed peer. Each round's outer parameters go to ``<out>/w<rank>_r<round>.npy``
 for the driver to average and evaluate.
 
-A killed worker (``kill``: rank and round; it SIGKILLs itself halfway through
-the round) is restarted by the launcher. With ``rejoin`` (a round) the restart
-takes its state back with ``jaxcc.optim.rejoin``: every survivor calls
+A stopped worker (``stop``: rank, round and seconds; halfway through the
+round a child of it SIGSTOPs it and SIGCONTs it that many seconds later) is
+dropped as stuck by the peers that wait for it; every gossip worker calls
+``jaxcc.optim.admit`` at the start of each round, through which the stopped
+one, back, rejoins. A cut-off worker (``partition``: rank, round and
+seconds; on the testbed only) sets its host's link down halfway through the
+round and up again that many seconds later, training on meanwhile: its peers
+drop it as stuck, it finds itself cut off from the majority in ``admit``,
+waits there, and rejoins once the link is back. A killed worker (``kill``:
+rank and round; it SIGKILLs itself halfway through the round) is restarted
+by the launcher. A slow worker (``slow``: rank and factor) takes ``factor``
+times as long per inner step (it sleeps ``factor - 1`` times each step's
+unblocked time after it): its peers wait for it and never drop it (its
+transport beats). The first step compiles and is not slowed. With ``rejoin``
+(a round) the restart takes its state back with ``jaxcc.optim.rejoin``: every survivor calls
 ``jaxcc.optim.admit`` at the start of each round, waiting at round ``rejoin``
 for the restart to ask, so it rejoins two rounds on, its state sent by its
-ring successor. Without ``rejoin`` the restart exits at once.
+ring successor. A cut-off worker that jax's coordination agent ended (the
+launcher restarts it) rejoins likewise. Otherwise the restart exits at once.
 """
 
 from __future__ import annotations
@@ -20,14 +33,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 
 import jax
 
-jax.config.update("jax_enable_recoverability", True)  # a dead task fails no survivor
-
-from jaxcc import launcher  # noqa: E402
+from jaxcc import launcher
 
 _KV = "jaxcc/bench/diloco"
 
@@ -35,7 +48,7 @@ _KV = "jaxcc/bench/diloco"
 def main():
   cfg = json.loads(sys.argv[1])
   job = launcher.job()
-  if job.incarnation and cfg.get("rejoin") is None:
+  if job.incarnation and cfg.get("rejoin") is None and not cfg.get("partition"):
     print(json.dumps({"rank": job.process_id, "restarted": False}))
     return
   launcher.join()
@@ -47,7 +60,7 @@ def main():
   from jax.sharding import PartitionSpec as P
 
   import jaxcc
-  from jaxcc._src import compat, ffi, tcp_bootstrap
+  from jaxcc._src import compat, ffi
   from jaxcc.bench import char_transformer as ct
 
   axis, n, me = "x", job.num_processes, job.process_id
@@ -105,13 +118,20 @@ def main():
     return jaxcc.optim.outer_params(state) if method == "diloco" or gossip else params
 
   kill = cfg.get("kill")  # [rank, round]
+  stop = cfg.get("stop")  # [rank, round, seconds]
   rejoin = cfg.get("rejoin")
-  victim = kill[0] if kill else None
+  slow = cfg.get("slow")  # [rank, factor]
+  partition = cfg.get("partition")  # [rank, round, seconds]
+  fault = kill or stop or partition
+  victim = fault[0] if fault else None
   first = 0
-  record = {"rank": me, "method": method, "incarnation": job.incarnation, "wall": [],
+  record = {"rank": me, "method": method, "incarnation": job.incarnation, "step": [], "wall": [],
             "blocked": [], "cpu": [], "loss": [], "round_end": {}, "lost": {}, "failed": None}
-  tcp_bootstrap.ensure_started()  # process 0 sees the others' ends as their connections close
   if job.incarnation:  # the restarted victim: its state from a live peer
+    # Compiled first, the step and what a round's end runs: once admitted, its peers wait
+    # for its pieces.
+    step = step.lower(params, state, to_global(data[0])).compile()
+    ravel_pytree(to_local(outer(params, state)))
     began = time.time()
     (params, state), t_join, source = jaxcc.optim.rejoin((params, state),
                                                          timeout_s=cfg.get("timeout_s", 300))
@@ -119,16 +139,44 @@ def main():
     record.update(rejoined_at_round=t_join, rejoin_source=source,
                   rejoin_s=time.time() - began)
   admitted = {}
-  for i in range(first, steps):
+  i = first
+  while i < steps:
     r, h = divmod(i, every)
-    if kill and me == victim and job.incarnation == 0 and i == kill[1] * every + every // 2:
-      with open(os.path.join(cfg["out"], "killed.json"), "w") as f:
-        json.dump({"rank": me, "time": time.time(), "step": i}, f)
-      os.kill(os.getpid(), signal.SIGKILL)
-    if h == 0 and gossip and rejoin is not None and r >= rejoin:
-      (params, state), _ = jaxcc.optim.admit(
-          (params, state), r, admitted, wait_for=[victim] if r == rejoin else (),
-          timeout_s=cfg.get("timeout_s", 300))
+    if me == victim and job.incarnation == 0 and i == fault[1] * every + every // 2:
+      happened = {"rank": me, "time": time.time(), "step": i}
+      if kill:
+        with open(os.path.join(cfg["out"], "killed.json"), "w") as f:
+          json.dump(happened, f)
+        os.kill(os.getpid(), signal.SIGKILL)
+      name = "stopped" if stop else "partitioned"
+      with open(os.path.join(cfg["out"], f"{name}.json"), "w") as f:
+        json.dump(dict(happened, seconds=fault[2]), f)
+      if stop:
+        subprocess.run(["sh", "-c", f"kill -STOP {os.getpid()}; sleep {stop[2]}; "
+                       f"kill -CONT {os.getpid()}"], check=True)  # this process stops in it
+        record["resumed_at"] = time.time()
+      else:
+        _set_link("down")
+
+        def heal():
+          _set_link("up")
+          record["healed_at"] = time.time()
+
+        threading.Timer(partition[2], heal).start()
+    if h == 0 and gossip and (rejoin is not None or stop or partition) and r >= (rejoin or 0):
+      try:
+        (params, state), _, resume_at, cut_off_s = jaxcc.optim.admit(
+            (params, state), r, admitted, wait_for=[victim] if kill and r == rejoin else (),
+            timeout_s=cfg.get("timeout_s", 300))
+      except (TimeoutError, RuntimeError) as e:
+        record["failed"] = {"step": i, "time": time.time(), "error": str(e)[:600]}
+        break
+      if cut_off_s:
+        record.setdefault("cut_off", []).append({"round": r, "seconds": cut_off_s})
+      if resume_at is not None:  # this process was dropped as stuck and rejoined
+        record.update(rejoined_at_round=resume_at, rejoin_source=None)
+        i = resume_at * every
+        continue
     windows = to_global(data[i])
     t0, b0, c0 = time.perf_counter(), cpu.tcp_blocked_ns(), time.process_time()
     try:
@@ -142,8 +190,12 @@ def main():
       if not job.incarnation:
         compat.barrier(f"{_KV}/compiled", cfg.get("timeout_s", 300))
       record["start_time"] = time.time()
+    record["step"].append(i)
+    blocked = (cpu.tcp_blocked_ns() - b0) * 1e-9
+    if slow and me == slow[0] and i != first:  # the first step's time is its compile
+      time.sleep((slow[1] - 1) * max(0.0, time.perf_counter() - t0 - blocked))
     record["wall"].append(time.perf_counter() - t0)
-    record["blocked"].append((cpu.tcp_blocked_ns() - b0) * 1e-9)
+    record["blocked"].append(blocked)
     record["cpu"].append(time.process_time() - c0)
     record["loss"].append(loss)
     for q in range(n):
@@ -155,18 +207,18 @@ def main():
       flat, _ = ravel_pytree(to_local(outer(params, state)))
       np.save(os.path.join(cfg["out"], f"w{me}_r{r}.npy"), np.asarray(flat, np.float32))
       record["round_end"][str(r)] = time.time()
+    i += 1
   record["end_time"] = time.time()
   cpu.tcp_flush(cfg.get("timeout_s", 300))  # the last pieces leave before the process ends
-  compat.kv_set(f"{_KV}/done/{me}", "1", overwrite=True)
-  if me == 0:  # the coordinator exits last: the others' processes end with its service
-    deadline = time.monotonic() + cfg.get("timeout_s", 300)
-    for q in cfg.get("wait_for", range(1, n)):
-      compat.kv_get(f"{_KV}/done/{q}", cfg.get("timeout_s", 300))
-      while not cpu.tcp_lost(q) and time.monotonic() < deadline:  # until q's process is gone
-        time.sleep(0.01)
   print(json.dumps(record), flush=True)
   # No shutdown: its RPCs and the wait for a failed call's token would fail on a lost peer.
   os._exit(0)
+
+
+def _set_link(state: str) -> None:
+  """Sets this testbed host's link (eth0 in its network namespace) up or down: down, every
+  packet to or from the host is dropped, so its peers and it hear nothing of each other."""
+  subprocess.run(["ip", "link", "set", "eth0", state], check=True)
 
 
 if __name__ == "__main__":

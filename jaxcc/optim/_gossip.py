@@ -92,8 +92,10 @@ def gossip_diloco(axis_name: str, sync_every: int, *, graph: str = "one_peer_exp
   over its TCP transport: an FFI call on the CPU, host callbacks that copy
   through host memory on GPU and TPU, or with ``JAXCC_EXCHANGE=host``): a
   worker whose TCP connection is lost (killed, or its host gone: the
-  transport's keepalive finds it) is a lost message from then on and leaves
-  ``live``; the others train on. Receivers renormalise their
+  transport's keepalive finds it; or stuck: silent for half a round while a
+  peer waits for it, which then drops it) is a lost message from then on and
+  leaves ``live``; the others train on (``jaxcc.optim.admit`` and ``rejoin``
+  take it back). Receivers renormalise their
   weights over what arrived; a peer that missed a fragment of the overlapped
   mix counts as lost for the round's whole anchor. "complete" all-reduces
   and cannot go on without a member: a lost worker fails it, naming it.

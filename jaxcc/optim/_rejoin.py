@@ -1,9 +1,12 @@
 """Rejoin: a restarted gossip worker takes parameters and optimizer state from a live peer.
 
 A gossip worker whose process died is a lost peer to the others (it leaves
-their ``live`` set; ``gossip_diloco``). Restarted with the same process id
-(``jax_enable_recoverability`` on before ``jax.distributed.initialize``), it
-calls ``rejoin``; the live workers call ``admit`` at the start of every round.
+their ``live`` set; ``gossip_diloco``). Restarted with the same process id,
+in a job whose coordination service marks its tasks recoverable
+(``jaxcc.launcher``'s runs apart from the workers and does; with
+``jax.distributed.initialize`` alone, ``jax_enable_recoverability`` on in
+process 0, which then hosts the service and must not die), it calls
+``rejoin``; the live workers call ``admit`` at the start of every round.
 The protocol, with the job's key-value store for three small keys and jaxcc's
 TCP transport for the state:
 
@@ -11,25 +14,61 @@ TCP transport for the state:
    ``jaxcc.launcher``'s ``JAXCC_INCARNATION`` or ``rejoin``'s argument)
    starts its TCP transport (which reconnects to every process) and puts
    ``ready/q = k``.
-2. *Decide.* At the start of round r every live worker that sees ``ready/q``
-   for an incarnation it has not admitted proposes ``decision/q/k = (r + 2,
-   source)`` with a write that fails if the key exists: the first proposal
-   stands, whoever made it, and every worker reads the same decision. The
+2. *Decide.* At the start of each round every live worker puts ``round/p``
+   (p itself, the round it starts). At the start of round r every live
+   worker that sees ``ready/q`` for an incarnation it has not admitted
+   proposes ``decision/q/k = (m + 2, source)``, m the latest round any worker
+   put (r at least), with a write that fails if the key exists: the first
+   proposal stands, whoever made it, and every worker reads the same
+   decision. The
    source is the first live process after q in ring order (q + 1, q + 2, ...
    modulo the process count): a neighbour rather than a fixed process, so
    rejoins of processes far apart on the ring draw on different peers, and
-   process 0 is a source only where it is the first live one after q. Two
-   rounds of slack let workers a round behind the proposer see the decision
-   before its round; one that sees it too late (past the round) fails,
-   naming the rounds.
-3. *Admit.* At the start of the decided round every live worker marks q's
-   ranks live again in each ``GossipDiLoCoState`` of its tree (from that
-   round on they exchange with it), and the source sends q, over the
+   process 0 is a source only where it is the first live one after q. Gossip
+   lets workers drift rounds apart (a lost peer breaks the ring into a
+   chain); counted from the furthest one, two rounds of slack let every
+   worker see the decision before its round. One that sees it too late (past
+   the round) fails, naming the rounds.
+3. *Admit.* Until the decided round every live worker keeps q's ranks out of
+   its view (one that had not seen q lost takes them out); at its start it
+   marks q's ranks live again in each ``GossipDiLoCoState`` of its tree (from
+   that round on they exchange with it), and the source sends q, over the
    transport (``tcp_send_bytes``), its own tree's local shards and its
    transport's instance counts for its ranks, in one message.
 4. *Take.* q receives them, loads the shards into its tree (local shard i
    of the source into local shard i of q), takes the counts as its ranks'
    (so its next exchanges meet the others') and resumes at the decided round.
+
+A stuck worker (stopped, or cut off: it sent nothing for half a round while
+a peer waited for its piece; ``jaxcc._src.gossip_exchange``) is dropped by
+each peer that waited for it: the peer closes its connection, so it leaves
+that peer's ``live`` set as a killed worker does. It rejoins the same way,
+without a restart:
+
+5. *Told.* At the start of each round every live worker p puts
+   ``dropped/q = a`` and ``dropped/q/by/p = a`` for each process q it
+   dropped as stuck, a being the incarnation of q it admitted last (0: none).
+6. *Rejoin.* At the start of each of its rounds q reads ``dropped/q``; if it
+   names q's current incarnation, q connects again to each process whose
+   connection it lost or that dropped it (one that refuses is dead) and runs
+   steps 1 and 4 as incarnation a + 1 (``admit`` does it and returns the
+   round to resume at).
+
+A partition must not leave two parts each training as if it were the job.
+Every process of the job is, to a worker, heard (its connection is up and
+sent a byte, a beat at least, within the last 500 ms), unheard (silent that
+long, or dropped as stuck: it may be alive on the other side of a cut), or
+dead (its connection was closed or reset: its process is gone, so it trains
+nowhere). Where the worker and the processes it hears are not more than those
+it does not, it is cut off from the job's majority:
+
+7. *Cut off.* At the start of a round such a worker does not train on. It
+   says so (a warning on the ``jaxcc`` logger naming the unheard processes)
+   and waits until it hears a majority again (a cut shorter than the peers'
+   patience) or the majority has dropped it (``dropped/q``, readable once the
+   cut heals), then rejoins as in 6. ``Admission.cut_off_s`` is how long it
+   waited. Parts of equal size both wait: neither is a majority, and each
+   fails after ``timeout_s``, naming the processes it does not hear.
 
 Bytes: the source's local shards of the tree once (parameters, AdamW's two
 moments and the gossip state's anchor, momentum and mix buffer: about 6x the
@@ -41,14 +80,18 @@ axis (what ``init`` and the step give inside ``jax.shard_map`` with
 ``P(axis_name)``): row r of each ``GossipDiLoCoState.live`` is rank r's view,
 and the sharding tells which process holds which ranks.
 The key-value store (the jax.distributed coordination service's) carries the
-two keys per rejoin; a worker polls ``ready`` and ``decision`` once per round
-per lost process.
+two keys per rejoin and one write per worker per round; a worker polls
+``ready`` and ``decision`` once per round per lost process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import os
+import time
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -58,12 +101,42 @@ from jaxcc.optim._gossip import GossipDiLoCoState
 
 _KV = "jaxcc/rejoin"
 _TAG = 1 << 40  # host message tags of rejoins: _TAG + incarnation
+_STUCK = "stuck past"  # in the reason of a connection the gossip exchange dropped
+_POLL_S = 0.1  # a cut-off worker looks again this often
+logger = logging.getLogger("jaxcc")
+_rejoined_as: int | None = None  # the incarnation this process took by its latest rejoin
+
+
+class Admission(NamedTuple):
+  """What ``admit`` did at the start of a round.
+
+  Attributes:
+    tree: the tree, with this round's rejoiners live (or, where ``resume_at`` is
+      set, the source's tree as this process').
+    joined: the processes taken back at this round.
+    resume_at: None, or this process was dropped as stuck and rejoined: the round
+      it resumes at (its first inner step is ``resume_at * sync_every``).
+    cut_off_s: how long this process waited, cut off from the job's majority, before
+      it went on (0.0: it was not).
+  """
+  tree: Any
+  joined: list[int]
+  resume_at: int | None
+  cut_off_s: float = 0.0
+
+
+def _incarnation() -> int:
+  """This process' incarnation: its latest rejoin's, else the launcher's ``JAXCC_INCARNATION``."""
+  if _rejoined_as is not None:
+    return _rejoined_as
+  return int(os.environ.get("JAXCC_INCARNATION", "0"))
 
 
 def rejoin(tree, *, incarnation: int | None = None, timeout_s: float | None = None):
   """Take ``tree`` (this process' freshly initialised params and optimizer state, any pytree of
   jax Arrays laid out as the live workers' are) from a live peer; call once after a restart,
-  before the first step.
+  before the first step, and once that step is compiled (``jax.jit(...).lower(...).compile()``):
+  from the decided round on its peers wait for its pieces.
 
   Args:
     tree: this process' tree, the template: its structure, shapes, dtypes and shardings.
@@ -87,9 +160,15 @@ def rejoin(tree, *, incarnation: int | None = None, timeout_s: float | None = No
   timeout_s = config.timeout_s() if timeout_s is None else timeout_s
   mine = _ranks_of(tree, me)  # before any wait: a tree without the gossip state fails here
   tcp_bootstrap.ensure_started()
+  cpu = ffi.load().cpu
+  for q in range(jax.process_count()):
+    # Lost here, or dropped there: a cut may keep the peer's close from this side for seconds.
+    if q != me and (cpu.tcp_lost(q) or
+                    compat.kv_try_get(f"{_KV}/dropped/{me}/by/{q}") == str(k - 1)):
+      with contextlib.suppress(OSError, TimeoutError, ConnectionError):  # refused: q is dead
+        tcp_bootstrap.reconnect(q)
   compat.kv_set(f"{_KV}/ready/{me}", str(k), overwrite=True)
   round_, source = _parse(compat.kv_get(f"{_KV}/decision/{me}/{k}", timeout_s))
-  cpu = ffi.load().cpu
   blob = cpu.tcp_recv_bytes(source, _TAG + k, 1 << 40, timeout_s)
   got = np.load(io.BytesIO(blob), allow_pickle=False)
   leaves, treedef = jax.tree.flatten(tree)
@@ -98,39 +177,59 @@ def rejoin(tree, *, incarnation: int | None = None, timeout_s: float | None = No
   theirs = {int(r): i for i, r in enumerate(got["ranks"])}
   cpu.tcp_set_instances([(int(o), int(g), mine[theirs[int(r)]], int(c))
                          for o, g, r, c in got["instances"] if int(r) in theirs])
+  global _rejoined_as
+  _rejoined_as = k
   return tree, round_, source
 
 
 def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
           timeout_s: float | None = None):
-  """At the start of round ``round_`` on a live worker: take back restarted processes that asked.
+  """At the start of round ``round_`` on a live worker: take back processes that asked to rejoin.
 
   Call it before the round's first inner step, on every live worker, every
-  round (it costs one key-value read per process that is not live here). It
-  marks a rejoining process' ranks live in every ``GossipDiLoCoState`` of
-  ``tree`` at its decided round, and the source process sends it ``tree``.
+  round (it costs one key-value write, one read per process that is not live
+  here, and one for this process). It marks a rejoining process' ranks live in every
+  ``GossipDiLoCoState`` of ``tree`` at its decided round, and the source
+  process sends it ``tree``. It tells the processes this one dropped as stuck
+  so; if a peer dropped this one, it rejoins (``rejoin``) before it returns. A
+  worker cut off from the job's majority waits first (see the module).
 
   Args:
     tree: this worker's params and optimizer state (a pytree of jax Arrays).
     round_: the round about to start.
     admitted: a dict this worker keeps across rounds (starts empty): per process, the
       incarnation it admitted last.
-    wait_for: processes whose request to rejoin this worker waits for at this round
-      (a benchmark's fixed schedule; every live worker must name the same at the same
-      round, and the others wait on it meanwhile).
+    wait_for: processes whose request to rejoin this worker waits for at this round, live
+      in its view or not (a benchmark's fixed schedule; every live worker must name the
+      same at the same round, and the others wait on it meanwhile).
     timeout_s: limit of each wait (default ``JAXCC_TIMEOUT_S``).
 
   Returns:
-    ``(tree, joined)``: the tree, with the rejoiners of this round live, and their process ids.
+    An ``Admission``: the tree, the processes taken back, the round to resume at if
+    this process rejoined, and how long it waited cut off.
+
+  Raises:
+    RuntimeError: this process was cut off from the job's majority for ``timeout_s``.
   """
   me, n = jax.process_index(), jax.process_count()
   timeout_s = config.timeout_s() if timeout_s is None else timeout_s
   live = _live_processes(_first_gossip(tree, "jaxcc.optim.admit").live, n)
   cpu = ffi.load().cpu
+  cut_off_s = _wait_while_cut_off(cpu, me, n, round_, timeout_s)
+  # A cut that began less than 500 ms ago passes that check; the store's calls then wait
+  # for it to heal, and may fail once as it heals.
+  _retrying(lambda: compat.kv_set(f"{_KV}/round/{me}", str(round_), overwrite=True), timeout_s)
+  dropped = _retrying(lambda: compat.kv_try_get(f"{_KV}/dropped/{me}"), timeout_s)
+  if dropped == str(_incarnation()):
+    tree, resume_at, _ = rejoin(tree, incarnation=_incarnation() + 1, timeout_s=timeout_s)
+    return Admission(tree, [], resume_at, cut_off_s)
   joined = []
   for q in range(n):
-    if q == me or live[q]:
+    if q == me or (live[q] and q not in wait_for):  # this view may not have seen q lost yet
       continue
+    if _STUCK in cpu.tcp_lost(q):
+      for key in (f"{_KV}/dropped/{q}", f"{_KV}/dropped/{q}/by/{me}"):
+        compat.kv_set(key, str(admitted.get(q, 0)), overwrite=True)
     asked = (compat.kv_get(f"{_KV}/ready/{q}", timeout_s) if q in wait_for else
              compat.kv_try_get(f"{_KV}/ready/{q}"))
     if asked is None or int(asked) <= admitted.get(q, 0):
@@ -140,19 +239,22 @@ def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
     decision = compat.kv_try_get(key)
     if decision is None:
       source = next(s for s in ((q + i) % n for i in range(1, n)) if live[s])
+      furthest = max([round_] + [int(r) for r in map(compat.kv_try_get, (
+          f"{_KV}/round/{p}" for p in range(n) if p != q)) if r is not None])
       try:
-        compat.kv_set(key, f"{round_ + 2}/{source}")
+        compat.kv_set(key, f"{furthest + 2}/{source}")
       except jax.errors.JaxRuntimeError:  # another worker's proposal came first: it stands
         pass
       decision = compat.kv_get(key, timeout_s)
     at, source = _parse(decision)
     if at < round_:
       raise RuntimeError(f"jaxcc.optim.admit: process {me} is at round {round_}, past round "
-                         f"{at} at which process {q} rejoins; it fell more than two rounds "
-                         "behind the worker that decided")
-    if at != round_:
+                         f"{at} at which process {q} rejoins; it ran more than two rounds "
+                         "ahead of the furthest round the others had put when they decided")
+    if at != round_:  # not before its round, in a view that had not seen it lost either
+      tree = _set_live(tree, q, False) if live[q] else tree
       continue
-    tree = _set_live(tree, q)
+    tree = _set_live(tree, q, True)
     admitted[q] = k
     joined.append(q)
     if source == me:
@@ -165,7 +267,60 @@ def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
                **{f"a{i}_{j}": np.asarray(s.data) for i, a in enumerate(leaves)
                   for j, s in enumerate(a.addressable_shards)})
       cpu.tcp_send_bytes(q, _TAG + k, buf.getvalue())
-  return tree, joined
+  return Admission(tree, joined, None, cut_off_s)
+
+
+def _reach(cpu, me: int, n: int) -> tuple[list[int], list[int]]:
+  """The processes this one hears, and those it does not hear that may be alive (see the
+  module); the dead are in neither."""
+  heard, unheard = [], []
+  for q in range(n):
+    if q == me:
+      continue
+    lost = cpu.tcp_lost(q)
+    if not lost:
+      # Silent as long as a wait's least patience (five beats): unheard.
+      (heard if cpu.tcp_silent_s(q) < cpu.tcp_stuck_floor_s else unheard).append(q)
+    elif _STUCK in lost:
+      unheard.append(q)
+  return heard, unheard
+
+
+def _retrying(call, timeout_s: float):
+  """``call()``, called again while the key-value store is unavailable (a cut healing), for
+  up to ``timeout_s``."""
+  began = time.monotonic()
+  while True:
+    try:
+      return call()
+    except jax.errors.JaxRuntimeError as e:
+      if "UNAVAILABLE" not in str(e) or time.monotonic() - began > timeout_s:
+        raise
+    time.sleep(_POLL_S)
+
+
+def _wait_while_cut_off(cpu, me: int, n: int, round_: int, timeout_s: float) -> float:
+  """Waits while this process is cut off from the job's majority (step 7 of the module), until
+  it hears a majority again or the majority dropped it; returns the seconds it waited."""
+  heard, unheard = _reach(cpu, me, n)
+  if 1 + len(heard) > len(unheard):
+    return 0.0
+  logger.warning("jaxcc.optim.admit: process %d at round %d hears processes %s and not %s (silent "
+                 "or dropped as stuck): cut off from the job's majority, it waits to rejoin "
+                 "rather than train alone", me, round_, heard, unheard)
+  began = time.monotonic()
+  while 1 + len(heard) <= len(unheard):
+    # The key-value store may be cut off too: its calls fail until the cut heals.
+    with contextlib.suppress(jax.errors.JaxRuntimeError):
+      if compat.kv_try_get(f"{_KV}/dropped/{me}") == str(_incarnation()):
+        break
+    if time.monotonic() - began > timeout_s:
+      raise RuntimeError(f"jaxcc.optim.admit: process {me} was cut off for {timeout_s:g} s at "
+                         f"round {round_}: it hears processes {heard}, not {unheard}, and no "
+                         "majority dropped it (a cut into equal parts leaves none)")
+    time.sleep(_POLL_S)
+    heard, unheard = _reach(cpu, me, n)
+  return time.monotonic() - began
 
 
 def _parse(decision: str) -> tuple[int, int]:
@@ -210,8 +365,8 @@ def _ranks_of(tree, process: int) -> list[int]:
   return [r for r, p in enumerate(_rank_processes(live)) if p == process]
 
 
-def _set_live(tree, q: int):
-  """``tree`` with process ``q``'s ranks live in every GossipDiLoCoState."""
+def _set_live(tree, q: int, value: bool):
+  """``tree`` with process ``q``'s ranks live (or not) in every GossipDiLoCoState."""
 
   def fix(s):
     if not _is_gossip(s):
@@ -220,7 +375,7 @@ def _set_live(tree, q: int):
     shards = []
     for shard in s.live.addressable_shards:
       data = np.asarray(shard.data).copy()
-      data[..., ranks] = True
+      data[..., ranks] = value
       shards.append(data)
     return s._replace(live=_with_local_shards(s.live, shards))
 

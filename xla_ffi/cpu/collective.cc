@@ -17,8 +17,11 @@
 // when x holds their bits: floats travel as unsigned words, which XLA:CPU
 // moves without converting them (it moves bf16 through f32, quieting NaN
 // payloads and flushing subnormals). `timeout_ms` bounds every wait
-// (JAXCC_TIMEOUT_S); pieces of at least `split_send_bytes` raw bytes may be
-// sent split (piece_codec.h; JAXCC_SPLIT_SEND_BYTES, 0: never).
+// (JAXCC_TIMEOUT_S); on Tcp a peer silent (no bytes, not even the transport's
+// beats) for half the call site's period, at least 0.5 s, while a wait waits
+// for it fails the call as stuck, naming it (tcp.h: TcpStuckPatience).
+// Pieces of at least `split_send_bytes` raw bytes may be sent split
+// (piece_codec.h; JAXCC_SPLIT_SEND_BYTES, 0: never).
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -132,8 +135,10 @@ ffi::Error CollectiveImpl(ffi::RunId run_id, ffi::Token, ffi::AnyBuffer x,
                                procs.begin() + group * nranks,
                                pacing.size() ? pacing.begin() : nullptr, digest,
                                std::move(receives), &transport);
+    const auto patience = TcpStuckPatience(op_id, group, rank, started);
     err = RunOn(err, transport.get(), [&](TcpTransport& t) {
-      return RunDataflow(plan, length, t, kernels, codec.get(), buf, itemsize, timeout);
+      return RunDataflow(plan, length, t, kernels, codec.get(), buf, itemsize, timeout,
+                         patience);
     });
     TcpAddBlocked(std::chrono::steady_clock::now() - started);
   }

@@ -117,7 +117,8 @@ std::vector<Unit> BuildUnits(const std::vector<RankStep>& plan, int64_t length) 
 
 std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length,
                         AsyncTransport& transport, Kernels& kernels, PieceCodec* codec,
-                        char* buf, size_t itemsize, std::chrono::milliseconds timeout) {
+                        char* buf, size_t itemsize, std::chrono::milliseconds timeout,
+                        std::chrono::nanoseconds patience) {
   using Clock = std::chrono::steady_clock;
   std::vector<Unit> units = BuildUnits(plan, length);
   std::map<std::pair<int64_t, int>, int> apply_of;  // (step, src) -> unit
@@ -256,6 +257,7 @@ std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length,
     if (units[u].unmet == 0 && units[u].missing == 0) ready.emplace(units[u].step, u);
   }
   auto deadline = Clock::now() + timeout;
+  auto moved_at = Clock::now();  // when the call last moved: silence counts from then at most
   while (done < units.size()) {
     bool moved = false;
     while (!ready.empty()) {
@@ -304,17 +306,37 @@ std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length,
                                            "waiting for the piece of " + transport.Peer(peer);
     if (!lost.empty()) return "step " + std::to_string(stuck.step) + ": lost " +
                               transport.Peer(peer) + " while " + doing + ": " + lost;
+    // What the peer sent that no call here takes, for a failure's message.
+    auto stray = [&] {
+      const std::string s = transport.Stray(peer);
+      return s.empty() ? s : "; " + s;
+    };
     const auto now = Clock::now();
+    auto wake = deadline;
     if (moved) {
-      deadline = now + timeout;
+      deadline = wake = now + timeout;
+      moved_at = now;
     } else if (now >= deadline) {
-      const std::string stray = transport.Stray(peer);
       return "step " + std::to_string(stuck.step) + ": timed out after " +
              TimeoutText(timeout) + " " + doing +
              (sending ? ", which does not take it" : "") + " (JAXCC_TIMEOUT_S sets the limit)" +
-             (stray.empty() ? "" : "; " + stray);
+             stray();
     }
-    transport.Wait(events, deadline);
+    if (patience.count() > 0) {
+      const auto silent = transport.Silent(peer, moved_at);
+      if (silent >= patience) {
+        using std::chrono::duration_cast;
+        using std::chrono::milliseconds;
+        return "step " + std::to_string(stuck.step) + ": stuck " + doing +
+               ", whose process sent nothing for " +
+               TimeoutText(duration_cast<milliseconds>(silent)) +
+               " (stopped, or its link cut; the patience is " +
+               TimeoutText(duration_cast<milliseconds>(patience)) +
+               ": half this call site's period, at least 0.5 s)" + stray();
+      }
+      wake = std::min(wake, now + (patience - silent));
+    }
+    transport.Wait(events, wake);
   }
   return "";
 }

@@ -13,8 +13,10 @@
 // type), with a status per slot (1: arrived, 0: none expected, -1: the peer's
 // connection is lost, so its piece will not come) and, per rank, 1 if its
 // process' connection is lost. Its wait is counted as blocked time
-// (TcpBlockedNs). A piece that does not come within `timeout_ms` while its
-// peer's connection is up fails the call with a message naming the peer.
+// (TcpBlockedNs). A peer silent for half the call site's period while done
+// waits for it is dropped as stuck (exchange.h). A piece that does not come
+// within `timeout_ms` while its peer's connection is up fails the call with a
+// message naming the peer.
 //
 // Both are custom calls with side effects but no program-order token: XLA
 // keeps them, data (the handle, `after`) orders them, and the program keeps
@@ -28,6 +30,7 @@
 // one step. Sender and receiver must use the same slot j for a pair (gossip
 // graphs number a phase's shifts); `digest` (from x's length, type and codec)
 // makes a mismatch an error rather than a wrong answer.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -51,6 +54,7 @@ struct InFlight {
   std::unique_ptr<TcpTransport> transport;
   std::unique_ptr<HostPieceCodec> codec;
   std::vector<int> recv_from;
+  int rank;
   int64_t op_id;
   std::chrono::milliseconds timeout;
 };
@@ -91,7 +95,7 @@ ffi::Error ExchangeStart(const char* data, size_t n, size_t itemsize, ffi::DataT
   if (err.empty()) err = CheckSlots(sends, "send_to", nranks, rank);
   if (err.empty()) err = CheckSlots(recvs, "recv_from", nranks, rank);
   if (err.empty() && timeout_ms <= 0) err = "timeout_ms must be > 0";
-  InFlight flight{nullptr, nullptr, std::vector<int>(recvs.begin(), recvs.end()), op_id,
+  InFlight flight{nullptr, nullptr, std::vector<int>(recvs.begin(), recvs.end()), rank, op_id,
                   std::chrono::milliseconds(timeout_ms)};
   if (!err.empty()) return ffi::Error::InvalidArgument(what + ": " + err);
   ffi::Error bad = NewHostPieceCodec(what, codec_id, codec_type, 0, &flight.codec);
@@ -138,8 +142,13 @@ ffi::Error ExchangeStart(const char* data, size_t n, size_t itemsize, ffi::DataT
 
 namespace {
 
-// Finishes one exchange into `out` (its k rows) and `st` (its k statuses).
-std::string Finish(InFlight& flight, char* out, size_t row_bytes, size_t itemsize, int32_t* st) {
+// Finishes one exchange into `out` (its k rows) and `st` (its k statuses). A
+// peer whose process sends no byte for `patience` (none if zero) from
+// `entered` on, while its piece is missing, is stuck: its connection is
+// dropped and its slot lost.
+std::string Finish(InFlight& flight, char* out, size_t row_bytes, size_t itemsize, int32_t* st,
+                   std::chrono::nanoseconds patience,
+                   std::chrono::steady_clock::time_point entered) {
   TcpTransport& t = *flight.transport;
   const size_t k = flight.recv_from.size();
   std::memset(out, 0, k * row_bytes);
@@ -180,6 +189,26 @@ std::string Finish(InFlight& flight, char* out, size_t row_bytes, size_t itemsiz
         --waiting;
       }
     }
+    auto wake = deadline;
+    for (size_t j = 0; err.empty() && patience.count() > 0 && j < k; ++j) {
+      if (st[j] != 2) continue;
+      const auto silent = t.Silent(flight.recv_from[j], entered);
+      if (silent < patience) {
+        wake = std::min(wake, std::chrono::steady_clock::now() + (patience - silent));
+        continue;
+      }
+      const auto ms = [](std::chrono::nanoseconds d) {
+        return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) +
+               " ms";
+      };
+      t.Drop(flight.recv_from[j], t.Peer(flight.recv_from[j]) + " sent nothing for " +
+                                      ms(silent) + " while gossip exchange op " +
+                                      std::to_string(flight.op_id) + " waited for its piece: " +
+                                      "stuck past " + ms(patience) + ", half the exchange's " +
+                                      "period; dropped");
+      st[j] = -1;
+      --waiting;
+    }
     if (!err.empty() || waiting == 0) break;
     if (std::chrono::steady_clock::now() >= deadline) {
       for (size_t j = 0; j < k && err.empty(); ++j) {
@@ -191,7 +220,7 @@ std::string Finish(InFlight& flight, char* out, size_t row_bytes, size_t itemsiz
       }
       break;
     }
-    t.Wait(events, deadline);
+    t.Wait(events, wake);
   }
   if (!err.empty()) t.Fail(err);
   return err;
@@ -217,6 +246,10 @@ ffi::Error ExchangeDone(ffi::Span<const int32_t> handles, char* out, size_t out_
       g_in_flight.erase(it);
     }
   }
+  // The call site is the done's first exchange; its period runs from done to done.
+  const std::chrono::nanoseconds patience =
+      m ? TcpStuckPatience(flights[0].op_id, 0, flights[0].rank, start)
+        : std::chrono::nanoseconds(0);
   const size_t k = m ? flights[0].recv_from.size() : 0;
   if (m && status_count != m * k) {
     return ffi::Error::InvalidArgument("jaxcc gossip exchange: " + std::to_string(m) +
@@ -226,7 +259,8 @@ ffi::Error ExchangeDone(ffi::Span<const int32_t> handles, char* out, size_t out_
   const size_t row_bytes = m && k ? out_bytes / (m * k) : 0;
   std::string err;
   for (size_t i = 0; i < m && err.empty(); ++i) {
-    err = Finish(flights[i], out + i * k * row_bytes, row_bytes, itemsize, status + i * k);
+    err = Finish(flights[i], out + i * k * row_bytes, row_bytes, itemsize, status + i * k,
+                 patience, start);
     if (!err.empty()) {
       err = "jaxcc gossip exchange (op " + std::to_string(flights[i].op_id) + "): " + err;
     }

@@ -11,9 +11,15 @@
 // m exchanges `handles` and writes, per exchange, its k rows into `out`
 // (row_bytes each), a status per slot (1 arrived, 0 none expected, -1 the
 // peer's connection is lost) and, per rank of `lost` (nlost), 1 if its
-// process' connection is lost. A piece that does not come within
-// `timeout_ms` while its peer's connection is up fails the wait, naming the
-// peer. Errors: InvalidArgument for bad input, Internal for the transport.
+// process' connection is lost. From a call site's second done on (a call
+// site: the op id of the first exchange), a peer whose process sends no byte
+// (a live one's transport beats every 100 ms, however slow its compute) for
+// half the call site's period (the time from its previous done to this one;
+// at least 500 ms) while the done waits for its piece is stuck: its
+// connection is dropped (closed, its reason saying "stuck past") and its
+// slots are lost. A piece that does not come within `timeout_ms` while its
+// peer's connection is up fails the wait, naming the peer. Errors:
+// InvalidArgument for bad input, Internal for the transport.
 #ifndef JAXCC_CPU_EXCHANGE_H_
 #define JAXCC_CPU_EXCHANGE_H_
 

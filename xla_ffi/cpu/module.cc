@@ -104,6 +104,10 @@ NB_MODULE(_jaxcc_cpu, m) {
         "Why the connection to `process` is lost; empty while it is up.");
   m.def("tcp_lost_at", &jaxcc::TcpLostAt, nb::arg("process"),
         "When the connection to `process` was found lost (Unix seconds); 0 while it is up.");
+  m.attr("tcp_stuck_floor_s") = std::chrono::duration<double>(jaxcc::kMinPatience).count();
+  m.def("tcp_silent_s", &jaxcc::TcpSilentS, nb::arg("process"),
+        "How long `process` has sent nothing on a connection that is up (seconds; an idle "
+        "connection beats every 100 ms); 0 while its bytes wait unread or it is lost.");
   m.def("tcp_instances", &jaxcc::TcpInstances,
         "The next instance of every (op id, group, rank) run here, as (op, group, rank, next).");
   m.def(

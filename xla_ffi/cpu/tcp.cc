@@ -6,10 +6,12 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -243,6 +245,21 @@ std::string TcpTransport::Lost(int rank) {
   return q == e_->process ? "" : e_->conns[q].error;
 }
 
+std::chrono::nanoseconds TcpTransport::Silent(int rank,
+                                              std::chrono::steady_clock::time_point since) {
+  const int q = procs_[rank];
+  if (q == e_->process) return std::chrono::nanoseconds(0);
+  std::lock_guard<std::mutex> lock(e_->mu);
+  return std::chrono::nanoseconds(e_->SilentNs(
+      q, std::chrono::duration_cast<std::chrono::nanoseconds>(since.time_since_epoch()).count()));
+}
+
+void TcpTransport::Drop(int rank, const std::string& why) {
+  std::lock_guard<std::mutex> lock(e_->mu);
+  const int q = procs_[rank];
+  if (q != e_->process) e_->Lose(q, why);
+}
+
 std::string TcpTransport::Stray(int rank) {
   std::lock_guard<std::mutex> lock(e_->mu);
   const int q = procs_[rank];
@@ -273,6 +290,13 @@ double TcpLostAt(int q) {
   return e->conns[q].lost_at;
 }
 
+double TcpSilentS(int q) {
+  tcp::Engine* e;
+  if (!OtherProcess(q, &e).empty()) return 0;
+  std::lock_guard<std::mutex> lock(e->mu);
+  return e->conns[q].error.empty() ? e->SilentNs(q, 0) * 1e-9 : 0;
+}
+
 TcpInstanceCounts TcpInstances() {
   TcpInstanceCounts out;
   tcp::Engine* e = tcp::Started();
@@ -293,7 +317,9 @@ std::string TcpSetInstances(const TcpInstanceCounts& counts) {
       return "instance count " + std::to_string(next) + " of op " + std::to_string(op_id) +
              " is not one a call site has";
     }
-    e->instances[{op_id, group, rank}] = next;
+    int64_t& count = e->instances[{op_id, group, rank}];
+    if (next > count) e->skipped[{op_id, group, rank}] = {count, next};
+    count = next;
   }
   return "";
 }
@@ -374,6 +400,18 @@ std::string TcpFlush(std::chrono::milliseconds timeout) {
   return "timed out after " + std::to_string(timeout.count()) + " ms with " +
          std::to_string(e->conns[busy].queue.size()) + " frames queued for process " +
          std::to_string(busy);
+}
+
+std::chrono::nanoseconds TcpStuckPatience(int64_t op_id, int64_t group, int rank,
+                                          std::chrono::steady_clock::time_point start) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int>, std::chrono::steady_clock::time_point> last;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, first] = last.try_emplace({op_id, group, rank}, start);
+  if (first) return std::chrono::nanoseconds(0);
+  const auto period = start - it->second;
+  it->second = start;
+  return std::max<std::chrono::nanoseconds>(kMinPatience, period / 2);
 }
 
 void TcpAddBlocked(std::chrono::steady_clock::duration d) {

@@ -21,6 +21,12 @@
 // that does not fit, or a MAC that does not verify, closes the connection and
 // fails the call with an error naming the process and the field.
 //
+// A connection with nothing to send for 100 ms carries a beat (a header with
+// no payload, not timed by TcpRecords): a process whose progress thread runs
+// is never silent longer, however slow its compute, so a wait can tell a
+// stopped or cut-off peer (TcpTransport::Silent) from a slow one. Bytes: 72
+// (104 with integrity) per idle connection per 100 ms.
+//
 // A lost connection fails every wait on a rank of that process at once; a
 // rank that fails tells the other processes of its group (an abort message),
 // so they fail at once too, naming the first error.
@@ -64,6 +70,10 @@ std::string TcpLost(int q);
 // When the connection to process q was found lost (seconds since the Unix
 // epoch), 0 while it is up.
 double TcpLostAt(int q);
+// How long process q has sent nothing on a connection that is up (seconds;
+// its transport beats every 100 ms while idle), 0 while bytes from it wait
+// here unread, its connection is lost, or q is this process.
+double TcpSilentS(int q);
 
 // The next instance of each (op id, group, rank) this process has run
 // (TcpTransport::Create counts them): a process that restarts takes its
@@ -115,6 +125,17 @@ void TcpUnpace();
 // queue did not drain.
 std::string TcpFlush(std::chrono::milliseconds timeout);
 
+// How long a wait of call site (op id, group, rank) lets a peer be silent
+// (not even its beats) before it is stuck: half the site's period, the time
+// from its previous call's start on this process to `start`, and at least
+// kMinPatience; zero (no limit) on the site's first call. Records `start`.
+std::chrono::nanoseconds TcpStuckPatience(int64_t op_id, int64_t group, int rank,
+                                          std::chrono::steady_clock::time_point start);
+// A live peer's progress thread beats every 100 ms (tcp_engine.h: kBeatPeriod),
+// however slow its compute; five beats hold a TCP retransmission (200 ms at the
+// least) and a progress thread starved on a loaded host.
+constexpr std::chrono::milliseconds kMinPatience{500};
+
 // Time this process' calls spent blocked on the network: whole Tcp
 // collectives, and the waits of exchange dones (exchange.cc).
 void TcpAddBlocked(std::chrono::steady_clock::duration d);
@@ -157,6 +178,15 @@ class TcpTransport final : public AsyncTransport {
   std::string Lost(int rank) override;
   std::string Stray(int rank) override;
   std::string Peer(int rank) const override;  // "rank r (process q)"
+  // How long `rank`'s process has sent no byte, counted from `since` at the
+  // earliest; zero for a rank of this process, and while bytes from it wait
+  // in the socket or its connection is not read (a busy or parked reader
+  // here, not a silent peer).
+  std::chrono::nanoseconds Silent(int rank,
+                                  std::chrono::steady_clock::time_point since) override;
+  // Closes the connection to `rank`'s process as lost, saying `why`: every
+  // wait on it here ends, and the peer finds this process lost.
+  void Drop(int rank, const std::string& why);
   // Fails the call on this process' other ranks and on the other processes.
   void Fail(const std::string& error) override;
 

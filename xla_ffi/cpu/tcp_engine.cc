@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -126,8 +127,11 @@ Engine::Engine(int process, const std::vector<int>& fds, const std::vector<std::
                bool integrity, int wake_fd)
     : process(process), conns(fds.size()), integrity_(integrity),
       drain_(new char[kDrainBytes]), wake_fd_(wake_fd) {
+  const int64_t now = SteadyNs();
   for (size_t q = 0; q < fds.size(); ++q) {
     conns[q].fd = fds[q];
+    conns[q].heard_ns = now;
+    conns[q].wrote_ns = now;
     const auto* key = reinterpret_cast<const uint8_t*>(keys[q].data());
     conns[q].send_mac = conns[q].receive_mac = HmacSha256(key, keys[q].size());
   }
@@ -180,6 +184,7 @@ void Engine::Lose(int q, const std::string& why) {
 
 void Engine::Record(int q, int32_t direction, const WireHeader& h, int64_t first_ns,
                     int64_t last_ns, uint64_t bytes) {
+  if (h.kind == kBeat) return;  // beats are not timed
   const FrameRecord r{q, direction, h.op_id, h.instance, first_ns, last_ns, bytes};
   if (records.size() < kRecordsKept) {
     records.push_back(r);
@@ -242,10 +247,30 @@ void Engine::ApplyRejoins() {
     const auto* key = reinterpret_cast<const uint8_t*>(n.key.data());
     c.send_mac = c.receive_mac = HmacSha256(key, n.key.size());
     c.sent_frames = c.received_frames = 0;
+    c.heard_ns = c.wrote_ns = SteadyNs();
   }
   rejoined += rejoins_.size();
   if (!rejoins_.empty()) Notify();
   rejoins_.clear();
+}
+
+std::chrono::milliseconds Engine::Beat() {
+  const int64_t now = SteadyNs();
+  const int64_t period = std::chrono::nanoseconds(kBeatPeriod).count();
+  int64_t next = period;
+  for (Conn& c : conns) {
+    if (c.fd < 0 || !c.error.empty() || !c.queue.empty()) continue;
+    const int64_t due = c.wrote_ns + period - now;
+    if (due > 0) {
+      next = std::min(next, due);
+      continue;
+    }
+    auto item = std::make_unique<SendItem>();
+    item->header = {kMagic, kBeat, 0, 0, 0, 0, process, -1, 0, 0, 0};
+    item->payload = nullptr;  // a header only
+    c.queue.push_back(std::move(item));
+  }
+  return std::chrono::milliseconds(1 + next / 1000000);
 }
 
 void Engine::PostAbort(int q, const CallKey& call, int src, const std::string& text) {
@@ -403,6 +428,14 @@ std::string Engine::Register(const ReceiverKey& receiver, Expected e) {
   return !mine.refused.empty() ? mine.refused : refusals.empty() ? "" : refusals.front().why;
 }
 
+int64_t Engine::SilentNs(int q, int64_t since_ns) const {
+  const Conn& c = conns[q];
+  int unread = 0;
+  if (c.parked || (c.fd >= 0 && ioctl(c.fd, FIONREAD, &unread) == 0 && unread > 0)) return 0;
+  return std::max<int64_t>(0, SteadyNs() - std::max(c.heard_ns.load(std::memory_order_relaxed),
+                                                    since_ns));
+}
+
 std::string Engine::Stray(int q) const {
   std::string listed;
   size_t frames = 0;
@@ -421,6 +454,7 @@ std::string Engine::Stray(int q) const {
 void Engine::Run() {
   std::vector<pollfd> fds;
   std::vector<int> peer;
+  std::chrono::milliseconds beat;
   for (;;) {
     fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
     peer.assign(1, -1);
@@ -428,6 +462,7 @@ void Engine::Run() {
       std::lock_guard<std::mutex> lock(mu);
       ApplyRejoins();
       CloseLost();
+      beat = Beat();
       for (size_t q = 0; q < conns.size(); ++q) {
         const Conn& c = conns[q];
         const short events = (c.parked ? 0 : POLLIN) | (c.queue.empty() ? 0 : POLLOUT);
@@ -436,7 +471,7 @@ void Engine::Run() {
         peer.push_back(static_cast<int>(q));
       }
     }
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    if (poll(fds.data(), fds.size(), static_cast<int>(beat.count())) < 0) {
       if (errno == EINTR) continue;
       std::lock_guard<std::mutex> lock(mu);
       for (size_t i = 1; i < peer.size(); ++i) Lose(peer[i], "poll: " + Errno(errno));
@@ -466,12 +501,18 @@ bool Engine::Admit(int q) {
   if (h.magic != kMagic) {
     return refuse(sent() + "magic " + std::to_string(h.magic) + " is not jaxcc's");
   }
-  if (h.kind != kData && h.kind != kAbort && h.kind != kPart) {
-    return refuse(sent() + "kind " + std::to_string(h.kind) + " is none of data, part or abort");
+  if (h.kind != kData && h.kind != kAbort && h.kind != kPart && h.kind != kBeat) {
+    return refuse(sent() + "kind " + std::to_string(h.kind) +
+                  " is none of data, part, abort or beat");
   }
   c.drain = c.pending = false;
   c.offset = c.payload_got = c.trailer_got = 0;
-  if (h.kind == kAbort) {
+  if (h.kind == kBeat) {
+    if (h.length != 0) {
+      return refuse(sent() + "length " + std::to_string(h.length) + " is not a beat's 0");
+    }
+    c.drain = true;  // nothing to deliver: its bytes were the news
+  } else if (h.kind == kAbort) {
     if (h.length > kMaxAbortText) {
       return refuse(sent() + "length " + std::to_string(h.length) + " is more than an abort's " +
                     std::to_string(kMaxAbortText) + " bytes");
@@ -518,10 +559,15 @@ bool Engine::Admit(int q) {
         }
       }
       auto next = instances.find({h.op_id, h.group, h.dst});
-      if (next != instances.end() && h.instance < next->second) {
+      auto skip = skipped.find({h.op_id, h.group, h.dst});
+      if (skip != skipped.end() && h.instance >= skip->second.first &&
+          h.instance < skip->second.second) {
+        c.drain = true;  // for an instance this process skipped when it rejoined
+      } else if (next != instances.end() && h.instance < next->second) {
         return refuse(which() + "instance ended here already");
+      } else {
+        c.pending = true;
       }
-      c.pending = true;
     }
     if (c.drain) {
       if (later) {
@@ -611,6 +657,7 @@ void Engine::Read(int q) {
     }
     budget -= std::min<size_t>(budget, static_cast<size_t>(n));
     c.last_ns = stamp_ns;
+    c.heard_ns.store(SteadyNs(), std::memory_order_relaxed);
     if (c.header_got < kHead) {
       if (c.header_got == 0) c.first_ns = stamp_ns;
       c.header_got += static_cast<size_t>(n);
@@ -747,6 +794,7 @@ void Engine::Write(int q) {
       return;
     }
     item->done += static_cast<uint64_t>(n);
+    if (n > 0) c.wrote_ns = SteadyNs();
     budget -= std::min<size_t>(budget, static_cast<size_t>(n));
     if (item->done == total) {
       Record(q, kFrameSent, item->header, item->first_ns, NowNs(), total);

@@ -16,6 +16,7 @@
 #ifndef JAXCC_CPU_TCP_ENGINE_H_
 #define JAXCC_CPU_TCP_ENGINE_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -41,6 +42,10 @@ constexpr uint32_t kMagic = 0x4d43584a;  // "JXCM"
 constexpr uint32_t kData = 1;            // a piece of a step, or the last part of one
 constexpr uint32_t kAbort = 2;           // a rank failed the call; the payload says why
 constexpr uint32_t kPart = 3;            // a part of a piece, more to follow
+constexpr uint32_t kBeat = 4;            // no payload: the sender's progress thread runs
+// A connection with nothing to send for this long carries a beat, so that a peer
+// waiting on it tells a stopped or cut-off process (silent) from a slow one.
+constexpr std::chrono::milliseconds kBeatPeriod{100};
 constexpr uint64_t kUnpaced = ~uint64_t{0};
 constexpr uint64_t kMacBytes = 32;      // with integrity: HMAC-SHA256 after each frame
 constexpr uint64_t kMaxAbortText = 1 << 16;
@@ -48,6 +53,13 @@ constexpr uint64_t kPendingBytes = uint64_t{1} << 30;
 constexpr std::chrono::seconds kRejoinWait{30};  // TcpRejoin's wait for the progress thread
 constexpr int64_t kHostOp = -1;  // the op id of host messages (TcpSendBytes); call sites are > 0
 constexpr size_t kRecordsKept = size_t{1} << 16;  // frames timed (TcpRecords), the newest
+
+// The steady clock in ns.
+inline int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 struct WireHeader {
   uint32_t magic;
@@ -117,6 +129,7 @@ struct Conn {
   int fd = -1;
   std::deque<std::unique_ptr<SendItem>> queue;
   bool writing = false;  // the progress thread is in a send of the queue's head
+  int64_t wrote_ns = 0;  // when bytes were last written to it (steady clock, ns)
   std::string error;     // why the connection was lost; empty while it is up
   double lost_at = 0;    // when it was found lost, seconds since the Unix epoch
   uint64_t pacing = kUnpaced;
@@ -127,6 +140,10 @@ struct Conn {
   size_t header_got = 0;
   int64_t first_ns = 0;   // when the frame's first byte came (tcp.h: FrameRecord)
   int64_t last_ns = 0;    // when the latest bytes read came
+  // When bytes from q (a beat at least every kBeatPeriod) were last read or
+  // its connection began (steady clock, ns): what a wait for q asks to tell a
+  // stuck peer from a slow one.
+  std::atomic<int64_t> heard_ns{0};
   bool admitted = false;  // the header passed Admit: its payload is being read
   bool drain = false;     // the payload is read and dropped (a failed call's frame)
   bool pending = false;   // the frame is for a call not started here
@@ -178,7 +195,12 @@ class Engine {
   uint64_t Rejoin(int q, int fd, const std::string& key);
   // The frames from process q pending for calls not started here (mu held).
   std::string Stray(int q) const;
-  // Times a frame to or from process q (mu held).
+  // How long process q has sent nothing, counted from `since_ns` (steady
+  // clock) at the earliest; zero while bytes from it wait in the socket or
+  // its connection is not read (a busy or parked reader here, not a silent
+  // peer) (mu held: the progress thread closes fds under it).
+  int64_t SilentNs(int q, int64_t since_ns) const;
+  // Times a frame to or from process q, a beat excepted (mu held).
   void Record(int q, int32_t direction, const WireHeader& h, int64_t first_ns, int64_t last_ns,
               uint64_t bytes);
   // Moves the event counter and wakes every waiter (mu held).
@@ -198,6 +220,9 @@ class Engine {
   std::map<ReceiverKey, Expected> expected;  // receivers whose calls run
   std::map<CallKey, std::string> aborts;
   std::map<std::tuple<int64_t, int64_t, int>, int64_t> instances;
+  // Per (op id, group, rank): the instances a rejoin skipped here (TcpSetInstances),
+  // [first, end). A frame for one is a peer's that the cut delayed: drained, not refused.
+  std::map<std::tuple<int64_t, int64_t, int>, std::pair<int64_t, int64_t>> skipped;
   uint64_t rejoined = 0;  // new connections in use
   std::vector<FrameRecord> records;  // a ring of the newest kRecordsKept frames
   uint64_t records_total = 0;        // frames timed since the engine started
@@ -224,6 +249,9 @@ class Engine {
   void Deliver(int q);
   void ApplyRejoins();  // progress thread; mu held
   void CloseLost();     // closes the sockets of lost connections (progress thread; mu held)
+  // Queues a beat on each idle connection due one; returns how long until the
+  // next is due (progress thread; mu held).
+  std::chrono::milliseconds Beat();
   // Drops q's pending pieces and its pieces still missing parts (mu held).
   void Purge(int q);
   void Reset(Conn& c);  // the receive state of a fresh connection (mu held)

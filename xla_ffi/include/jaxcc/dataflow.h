@@ -82,6 +82,11 @@ class AsyncTransport {
   // What `rank`'s side sent that no call here has taken (frames for calls
   // that have not started here), for a timeout's message; empty if nothing.
   virtual std::string Stray(int rank) = 0;
+  // How long `rank`'s side has sent nothing (its transport's beats included),
+  // counted from `since` at the earliest: what tells a stopped or cut-off
+  // peer from a slow one.
+  virtual std::chrono::nanoseconds Silent(int rank,
+                                          std::chrono::steady_clock::time_point since) = 0;
   // "rank r (process q)", for messages.
   virtual std::string Peer(int rank) const = 0;
   // Ends the call on this rank with `error` and tells the other ranks.
@@ -119,10 +124,13 @@ class PieceCodec {
 
 // Runs `plan` (this rank's steps) on `buf`, `length` elements of `itemsize`
 // bytes, over `transport`; `codec` may be null (raw pieces). Every wait ends
-// within `timeout`. Returns an error message, empty on success.
+// within `timeout`; a peer it waits for that is silent for `patience` (none
+// if zero) fails the call as stuck, naming it. Returns an error message,
+// empty on success.
 std::string RunDataflow(const std::vector<RankStep>& plan, int64_t length,
                         AsyncTransport& transport, Kernels& kernels, PieceCodec* codec,
-                        char* buf, size_t itemsize, std::chrono::milliseconds timeout);
+                        char* buf, size_t itemsize, std::chrono::milliseconds timeout,
+                        std::chrono::nanoseconds patience);
 
 }  // namespace jaxcc
 
