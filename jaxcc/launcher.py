@@ -11,7 +11,7 @@ variables:
   JAXCC_COORDINATOR    ``host:port`` of the job's coordination service
   JAXCC_NUM_PROCESSES  the number of processes
   JAXCC_PROCESS_ID     this process' id, 0 to nproc - 1
-  JAXCC_INCARNATION    0; 1 in a process that ``respawn`` started once more
+  JAXCC_INCARNATION    0; k in a process that ``respawn`` started k more times
 
 The script calls ``join()`` to become its process of the job: a client of
 the service, process 0 like any other, so any worker may die without ending
@@ -23,8 +23,8 @@ once (jaxlib aborts on a lost service and offers no hook: its
 raises naming the service; so does a worker's agent, for its own process
 only, once its connection to the service breaks (a cut of 20 s on the
 testbed may: the service resets it). A process whose id is in ``respawn`` may be
-SIGKILLed or so aborted once: the launcher then starts it again, with
-``JAXCC_INCARNATION=1``, within the same time limit. Every process runs in
+SIGKILLed or so aborted up to ``max_restarts`` times: the launcher then starts it
+again, with ``JAXCC_INCARNATION`` one more, within the same time limit. Every process runs in
 its own process group, in the launcher's session (a session of its own would
 put it in a scheduler autogroup of its own, which on a shared host gave the
 native transport's progress threads 30-40% less time than in a real job);
@@ -91,7 +91,7 @@ class Job(NamedTuple):
 def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
            cluster: Cluster | None = None, local_devices: int = 1,
            env: Mapping[str, str] | None = None, timeout_s: float = 300,
-           respawn: Collection[int] = ()) -> list[Process]:
+           respawn: Collection[int] = (), max_restarts: int = 1) -> list[Process]:
   """Run ``python script *args`` as ``nproc`` processes (or one per host of ``cluster``).
 
   Args:
@@ -102,18 +102,19 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
     local_devices: virtual CPU devices per process.
     env: extra environment variables for every process (over the launcher's).
     timeout_s: limit for the whole job, a restart included.
-    respawn: ids of processes that may die once, SIGKILLed or aborted (status -9 or
-      -6: jax's coordination agent aborts a process whose connection to the service
-      broke, as a cut of 20 s may break it), and are then started again, the same
-      command with ``JAXCC_INCARNATION=1``; process 0 too.
+    respawn: ids of processes that may die, SIGKILLed or aborted (status -9 or -6:
+      jax's coordination agent aborts a process whose connection to the service broke,
+      as a cut of 20 s may break it), and are then started again, the same command with
+      ``JAXCC_INCARNATION`` one more (1 after the first death); process 0 too.
+    max_restarts: how many times each of them may be started again.
 
   Returns:
     Each process' output, by process id, once all exited with status 0. A respawned
-    process' stdout and stderr are its first incarnation's, an ``incarnation 1`` line,
-    then its second's, so ``json()`` gives the second's result.
+    process' stdout and stderr are its incarnations' in turn, each after an
+    ``incarnation k`` line but the first, so ``json()`` gives the last one's result.
 
   Raises:
-    RuntimeError: a process exited with another status, or died again, or the
+    RuntimeError: a process exited with another status, or died past its restarts, or the
       coordination service ended; names it, its status and its stderr tail. Every other
       process is killed first.
     TimeoutError: the job ran past ``timeout_s``; names the processes still running.
@@ -127,6 +128,9 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError(f"jaxcc.launcher.launch: {name} must be a positive integer, got "
                        f"{value!r}")
+  if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+    raise ValueError(f"jaxcc.launcher.launch: max_restarts must be an integer >= 0, got "
+                     f"{max_restarts!r}")
   respawn = frozenset(respawn)
   wrong = sorted((r for r in respawn if isinstance(r, bool) or r not in range(nproc)), key=str)
   if wrong:
@@ -154,9 +158,10 @@ def launch(script: str, args: Sequence[str] = (), *, nproc: int | None = None,
         stdout=outs[i][-1], stderr=errs[i][-1], text=True, process_group=0)
 
   def poll() -> list[int | None]:
-    """Each process' status, every one polled; a respawn id's first death starts it again."""
+    """Each process' status, every one polled; a respawn id's death starts it again, up to
+    ``max_restarts`` times."""
     for i, p in enumerate(procs):
-      if p.poll() in _DEATHS and i in respawn and len(outs[i]) == 1:
+      if p.poll() in _DEATHS and i in respawn and len(outs[i]) <= max_restarts:
         _kill([p])  # its children too: that incarnation is over
         procs[i] = start(i)
     return [p.returncode for p in procs]

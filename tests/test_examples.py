@@ -32,6 +32,19 @@ def test_diloco_train_trains_a_few_steps():
   assert re.search(r"^worst worker \d+\.\d+, \d+ ms per step$", out, re.MULTILINE), out
 
 
+def test_elastic_gossip_takes_back_a_killed_worker():
+  out = run_example("elastic_gossip.py", "--steps", "60", "--kill", "1@2")
+  assert "4 worker processes, gossip DiLoCo, H = 10; worker 1 killed in round 2" in out, out
+  for q in (0, 2, 3):  # every round, and the training loss went down
+    first, last = re.search(rf"^worker {q}: training loss round 0 (\S+), round 5 (\S+)$", out,
+                            re.MULTILINE).groups()
+    assert float(last) < float(first), out
+  # Killed in round 2, the others wait for it at round 3: it trains rounds 5 on, from its
+  # ring successor's state.
+  assert re.search(r"^worker 1: training loss round 5 \S+, round 5 \S+; restarted, rejoined "
+                   r"at round 5 with the state of worker 2$", out, re.MULTILINE), out
+
+
 def test_demo_matches_psum_and_measures_the_emulated_network():
   out = run_example("demo.py", "--mib", "1")  # exits non-zero if a result differs from psum
   assert "on 8 virtual CPU devices: equal to lax.psum" in out, out

@@ -1,5 +1,5 @@
-"""jaxcc.launcher's respawn: a listed process SIGKILLed once starts again, process 0 too; a second
-kill fails."""
+"""jaxcc.launcher's respawn: a listed process SIGKILLed once starts again, process 0 too, up to
+max_restarts times; one more kill fails."""
 
 import os
 
@@ -64,6 +64,15 @@ def test_a_respawned_process_killed_twice_fails_the_job_and_the_others_are_kille
   _all_gone(pids)
 
 
+def test_max_restarts_lets_a_process_die_that_many_times(tmp_path):
+  processes = launcher.launch(_script(tmp_path), [1, 2, ""], nproc=3, respawn={1},
+                              max_restarts=2, timeout_s=60)
+  assert processes[1].json() == {"rank": 1, "incarnation": 2, "env": "2"}
+  assert processes[1].stdout.startswith(
+      "incarnation 0 dies\n--- jaxcc.launcher: incarnation 1 ---\nincarnation 1 dies\n"
+      "--- jaxcc.launcher: incarnation 2 ---\n{"), processes[1].stdout
+
+
 def test_a_killed_process_not_listed_fails_the_job_and_the_others_are_killed(tmp_path):
   pids = tmp_path / "pids"
   with pytest.raises(RuntimeError, match=r"rank 1 exited with -9(.|\n)*incarnation 0 stderr"):
@@ -76,6 +85,13 @@ def test_a_killed_process_not_listed_fails_the_job_and_the_others_are_killed(tmp
 def test_ids_outside_the_job_cannot_be_respawned(tmp_path, respawn, match):
   with pytest.raises(ValueError, match=match):
     launcher.launch(_script(tmp_path), [2, 1, ""], nproc=3, respawn=respawn)
+
+
+@pytest.mark.parametrize("max_restarts", [-1, True, 1.5])
+def test_max_restarts_is_a_count(tmp_path, max_restarts):
+  with pytest.raises(ValueError, match="max_restarts must be an integer >= 0"):
+    launcher.launch(_script(tmp_path), [2, 1, ""], nproc=3, respawn={2},
+                    max_restarts=max_restarts)
 
 
 @pytest.mark.parametrize("value, incarnation", [(None, 0), ("1", 1)])

@@ -171,3 +171,37 @@ def test_the_open_listener_hands_each_authenticated_reconnect_to_the_transport(m
   listener.close()
   assert handed == keys and len({key for _, key in keys}) == 3
   assert any("failed the handshake" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("order", ["lower_first", "higher_first"])
+def test_two_connections_that_cross_leave_both_sides_the_lower_process_one(monkeypatch, order):
+  """Processes 1 and 2 open a connection to each other at once: each side adopts both, in
+  either order, and both keep the one process 1 opened; later, or once it is lost, a
+  connection from process 2 replaces it."""
+  kept, lost = {}, set()
+  monkeypatch.setattr(tcp_bootstrap.ffi, "load", lambda: types.SimpleNamespace(
+      cpu=types.SimpleNamespace(tcp_rejoin=lambda q, fd, key: kept.__setitem__(q, key),
+                                tcp_lost=lambda q: "closed" if q in lost else "")))
+  monkeypatch.setattr(tcp_bootstrap, "_opened", {})
+  for me, q in ((1, 2), (2, 1)):
+    tcp_bootstrap._opened.clear()
+    kept.clear()
+    opened = [(1, b"by 1"), (2, b"by 2")]
+    for opener, key in opened if order == "lower_first" else opened[::-1]:
+      sock = _one_end()
+      tcp_bootstrap.adopt(me, q, sock, key, opener=opener)
+      assert sock.fileno() == -1  # taken over or closed
+    assert kept == {q: b"by 1"}, (me, order)
+  with monkeypatch.context() as m:  # not at once: the later one replaces it
+    m.setattr(tcp_bootstrap, "_CROSSING_S", 0.0)
+    assert tcp_bootstrap.adopt(1, 2, _one_end(), b"later", opener=2)
+  tcp_bootstrap._opened[2] = (1, time.monotonic())
+  lost.add(2)  # nor once it is lost
+  assert tcp_bootstrap.adopt(1, 2, _one_end(), b"after", opener=2)
+  assert kept[2] == b"after"
+
+
+def _one_end() -> socket.socket:
+  a, b = socket.socketpair()
+  b.close()
+  return a

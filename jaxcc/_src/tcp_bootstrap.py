@@ -24,8 +24,13 @@ processes (every process does so in an SPMD program), ``ensure_started``:
 4. keeps the listener open: a process whose connection was lost connects
    again (``reconnect``), passes the same handshake, and its new connection
    replaces the old one (``_jaxcc_cpu.tcp_rejoin``). A process restarted with
-   the same id (its address is in the store already) publishes its new
-   address and connects to every other process the same way, accepting none.
+   the same id (its address is in the store already) starts its transport
+   with no connection, listens, publishes its new address and then connects
+   to every other process the same way; one that refuses is dead (its
+   connection stays lost). Two processes that open a connection to each
+   other at once (both restarted, or both rejoining) keep the one the lower
+   process opened: a new connection from the higher one does not replace a
+   live one the lower opened less than ``_CROSSING_S`` ago (``adopt``).
 
 Socket policy: 4 MiB send and receive buffers (set on the listener too, so
 the window scale covers them), ``TCP_NODELAY`` and ``cubic`` congestion
@@ -71,7 +76,10 @@ _ACK_BYTES = 8 + 8 + 32  # magic, (from, to), HMAC-SHA256
 _BUFFER_BYTES = 4 << 20
 _KEEPALIVE = (10, 2, 5)  # idle seconds, seconds between probes, probes
 _USER_TIMEOUT_MS = 30_000
+_CROSSING_S = 10.0  # two connections of one pair opened this close together crossed
 _lock = threading.Lock()
+_adopt_lock = threading.Lock()
+_opened: dict[int, tuple[int, float]] = {}  # per peer: who opened the connection to it, when
 
 
 def ensure_started() -> None:
@@ -218,14 +226,39 @@ def reconnect(q: int) -> None:
   """Connect this process' TCP transport to process ``q`` again (its connection was lost).
 
   ``q`` replaces its connection to this process by the new one once the
-  handshake passes; so does this process.
+  handshake passes; so does this process (see ``adopt`` for two that cross).
   """
   me = jax.process_index()
   deadline = time.monotonic() + config.timeout_s()
   family, _ = _local_address(compat.coordinator_address())
   secret = bytes.fromhex(_kv_get(f"{_KEY}/secret", 0, deadline))
   sock, key = connect(q, _kv_get(f"{_KEY}/addr/{q}", q, deadline), secret, me, family, deadline)
-  ffi.load().cpu.tcp_rejoin(q, sock.detach(), key)
+  adopt(me, q, sock, key, opener=me)
+
+
+def adopt(me: int, q: int, sock: socket.socket, key: bytes, opener: int) -> bool:
+  """Makes ``sock`` (authenticated, to process ``q``, opened by ``opener``) this process'
+  connection to ``q``, unless it crossed one the lower of the two opened: then it closes
+  ``sock`` and returns False.
+
+  Two connections of one pair cross where each side opened one at once (both
+  restarted or rejoining). Each side sees both, in either order; both keep the
+  lower process' one: a connection from the higher does not replace a live one
+  from the lower opened less than ``_CROSSING_S`` ago. A dead peer's restart
+  finds its old connection lost, and a connection rejoined after a cut is older.
+  """
+  cpu = ffi.load().cpu
+  with _adopt_lock:
+    by, at = _opened.get(q, (None, 0.0))
+    if (opener == max(me, q) and by == min(me, q) and time.monotonic() - at < _CROSSING_S
+        and not cpu.tcp_lost(q)):
+      sock.close()
+      logger.info("jaxcc: process %d keeps the TCP connection it crossed with process %d's",
+                  me, q)
+      return False
+    cpu.tcp_rejoin(q, sock.detach(), key)
+    _opened[q] = (opener, time.monotonic())
+  return True
 
 
 def serve(listener: socket.socket, secret: bytes, me: int, n: int) -> None:
@@ -241,7 +274,8 @@ def serve(listener: socket.socket, secret: bytes, me: int, n: int) -> None:
       conn.settimeout(10.0)
       q, key = answer(conn, secret, me, others)
       tune(conn)
-      ffi.load().cpu.tcp_rejoin(q, conn.detach(), key)
+      if not adopt(me, q, conn, key, opener=q):
+        continue
     except (OSError, RuntimeError) as e:
       _refused(me, addr, e)
       conn.close()
@@ -269,24 +303,19 @@ def _start() -> None:
     tune(listener)
     listener.bind((host, 0))
     listener.listen(n)
-    restarted = compat.kv_try_get(f"{_KEY}/addr/{me}") is not None
-    compat.kv_set(f"{_KEY}/addr/{me}", f"[{host}]:{listener.getsockname()[1]}", overwrite=True)
-    if me == 0 and not restarted:
+    if compat.kv_try_get(f"{_KEY}/addr/{me}") is not None:
+      return _restart(listener, host, family, integrity, deadline)
+    compat.kv_set(f"{_KEY}/addr/{me}", f"[{host}]:{listener.getsockname()[1]}")
+    if me == 0:
       compat.kv_set(f"{_KEY}/secret", secrets.token_hex(32))
       compat.kv_set(f"{_KEY}/integrity", integrity)
-    secret = bytes.fromhex(_kv_get(f"{_KEY}/secret", 0, deadline))
-    job_integrity = _kv_get(f"{_KEY}/integrity", 0, deadline)
-    if integrity != job_integrity:
-      raise ValueError(f"jaxcc: JAXCC_TCP_INTEGRITY is {integrity!r} on process {me} but "
-                       f"{job_integrity!r} on process 0; every process must set the same")
+    secret = _job_secret(me, integrity, deadline)
     # Connect up, then accept: the highest process accepts first, so every
     # challenge a connector waits for comes from a process that is accepting.
-    # A restarted process connects to all: the others' listeners are open.
-    for q in (set(range(n)) - {me} if restarted else range(me + 1, n)):
+    for q in range(me + 1, n):
       peers[q] = connect(q, _kv_get(f"{_KEY}/addr/{q}", q, deadline), secret, me, family,
                          deadline)
-    if not restarted:
-      peers.update(accept_peers(listener, secret, me, set(range(me)), deadline))
+    peers.update(accept_peers(listener, secret, me, set(range(me)), deadline))
     fds, keys = [-1] * n, [b""] * n
     for q, (sock, key) in peers.items():
       fds[q], keys[q] = sock.detach(), key
@@ -297,11 +326,53 @@ def _start() -> None:
   finally:
     for sock, _ in peers.values():
       sock.close()
+  now = time.monotonic()
+  _opened.update({q: (min(me, q), now) for q in peers})
+  _serve_in_background(listener, secret, me, n)
+  logger.info("jaxcc: TCP transport of process %d up on %s with %d peers (integrity %s)", me,
+              host, n - 1, integrity)
+
+
+def _restart(listener: socket.socket, host: str, family: socket.AddressFamily, integrity: str,
+             deadline: float) -> None:
+  """A restarted process' start: the transport with no connection, the listener answering,
+  then its address published and a connection opened to every other process; one that
+  refuses is dead, and its connection stays lost (it connects to this one if it restarts)."""
+  me, n = jax.process_index(), jax.process_count()
+  secret = _job_secret(me, integrity, deadline)
+  ffi.load().cpu.tcp_start(me, [-1] * n, [b""] * n, integrity == "hmac",
+                           unconnected="not connected since this process restarted")
+  _serve_in_background(listener, secret, me, n)
+  compat.kv_set(f"{_KEY}/addr/{me}", f"[{host}]:{listener.getsockname()[1]}", overwrite=True)
+  dead = []
+  for q in set(range(n)) - {me}:
+    try:
+      sock, key = connect(q, _kv_get(f"{_KEY}/addr/{q}", q, deadline), secret, me, family,
+                          deadline)
+    except ConnectionError as e:
+      if not isinstance(e.__cause__, ConnectionRefusedError):
+        raise
+      dead.append(q)
+      continue
+    adopt(me, q, sock, key, opener=me)
+  logger.info("jaxcc: TCP transport of process %d up again on %s; processes %s refused it",
+              me, host, dead)
+
+
+def _job_secret(me: int, integrity: str, deadline: float) -> bytes:
+  """The job's secret, once process 0 put it; checks that ``integrity`` is the job's."""
+  secret = bytes.fromhex(_kv_get(f"{_KEY}/secret", 0, deadline))
+  job_integrity = _kv_get(f"{_KEY}/integrity", 0, deadline)
+  if integrity != job_integrity:
+    raise ValueError(f"jaxcc: JAXCC_TCP_INTEGRITY is {integrity!r} on process {me} but "
+                     f"{job_integrity!r} on process 0; every process must set the same")
+  return secret
+
+
+def _serve_in_background(listener: socket.socket, secret: bytes, me: int, n: int) -> None:
   listener.settimeout(None)
   threading.Thread(target=serve, args=(listener, secret, me, n), daemon=True,
                    name="jaxcc-tcp-listener").start()
-  logger.info("jaxcc: TCP transport of process %d up on %s with %d peers (integrity %s)", me,
-              host, n - 1, integrity)
 
 
 @contextlib.contextmanager

@@ -38,25 +38,33 @@ _SILENCES = ("stopped", "partitioned")  # faults that silence a worker for a whi
 _FAULTS = ("kill", "stop", "partition")  # the suffixes of a faulty run's method
 
 
-def run_method(cluster, cfg: dict, respawn=()) -> dict:
-  """Run one method on ``cluster`` (entered): the workers' records and the bytes each host sent."""
+def run_method(cluster, cfg: dict, respawn=(), max_restarts: int = 1) -> dict:
+  """Run one method on ``cluster`` (entered): the workers' records, the bytes each host sent and
+  the faults: ``killed`` (per killed worker by rank: its rank, time and step),
+  ``killed_in_rejoin`` and the silences, each None where it did not happen."""
   from jaxcc.launcher import launch
   out = tempfile.mkdtemp(prefix="jaxcc-diloco-")
   cfg = dict(cfg, out=out)
   before = [cluster.bytes(i)[0] for i in range(cluster.n)] if cluster else None
   procs = launch(_WORKER, [json.dumps(cfg)], cluster=cluster, nproc=None if cluster else
-                 cfg["workers"], respawn=respawn, timeout_s=cfg.get("job_timeout_s", 1800),
+                 cfg["workers"], respawn=respawn, max_restarts=max_restarts,
+                 timeout_s=cfg.get("job_timeout_s", 1800),
                  env={"JAXCC_TIMEOUT_S": str(cfg.get("timeout_s", 60)),
                       "JAXCC_EXCHANGE": cfg.get("exchange", "native")})
   records = [p.json() for p in procs]
   sent = [cluster.bytes(i)[0] - before[i] for i in range(cluster.n)] if cluster else None
   faults = {}
-  for fault in ("killed",) + _SILENCES:
+  for fault in ("killed_in_rejoin",) + _SILENCES:
     if os.path.exists(os.path.join(out, f"{fault}.json")):
       with open(os.path.join(out, f"{fault}.json")) as f:
         faults[fault] = json.load(f)
-  return {"records": records, "bytes_sent": sent, "dir": out,
-          **{fault: faults.get(fault) for fault in ("killed",) + _SILENCES}}
+  killed = []
+  for rank in range(cfg["workers"]):
+    if os.path.exists(os.path.join(out, f"killed_{rank}.json")):
+      with open(os.path.join(out, f"killed_{rank}.json")) as f:
+        killed.append(json.load(f))
+  return {"records": records, "bytes_sent": sent, "dir": out, "killed": killed or None,
+          **{fault: faults.get(fault) for fault in ("killed_in_rejoin",) + _SILENCES}}
 
 
 def evaluate(run: dict, cfg: dict) -> dict:
@@ -105,21 +113,25 @@ def evaluate(run: dict, cfg: dict) -> dict:
   failed = [r["failed"] for r in run["records"] if r.get("failed")]
   if failed:
     out["failed"] = failed[0]["error"]
-    out["failed_after_s"] = (failed[0]["time"] - run["killed"]["time"]) if run["killed"] \
+    out["failed_after_s"] = (failed[0]["time"] - run["killed"][0]["time"]) if run["killed"] \
         else None
   if run["killed"]:
-    victim, at = run["killed"]["rank"], run["killed"]["time"]
-    seen = [r["lost"][str(victim)]["lost_at"] - at for r in run["records"]
-            if r["rank"] != victim and str(victim) in r.get("lost", {})]
+    victims = {k["rank"]: k["time"] for k in run["killed"]}
+    seen = [r["lost"][str(q)]["lost_at"] - at for q, at in victims.items()
+            for r in run["records"] if r["rank"] not in victims and str(q) in r.get("lost", {})]
     out["killed"] = run["killed"]
     out["detection_s"] = max(seen) if seen else None
     out["survivors_finished"] = all(
-        len(r.get("round_end", {})) == rounds for r in run["records"] if r["rank"] != victim)
-    back = [r for r in run["records"] if r["rank"] == victim and r.get("incarnation")]
-    if back and back[0].get("rejoined_at_round") is not None:
-      out["rejoined_at_round"] = back[0]["rejoined_at_round"]
-      out["rejoin_source"] = back[0]["rejoin_source"]
-      out["rejoin_gap"] = _rejoin_gap(run, cfg, victim, back[0]["rejoined_at_round"], loss_of)
+        len(r.get("round_end", {})) == rounds for r in run["records"] if r["rank"] not in victims)
+    rejoins = {r["rank"]: {"rejoined_at_round": r["rejoined_at_round"],
+                           "rejoin_source": r["rejoin_source"],
+                           "rejoin_gap": _rejoin_gap(run, cfg, r["rank"], r["rejoined_at_round"],
+                                                     loss_of)}
+               for r in run["records"] if r["rank"] in victims and r.get("incarnation")
+               and r.get("rejoined_at_round") is not None}
+    if rejoins:
+      out["rejoins"] = rejoins  # by rank; the first killed one's at the top level too
+      out.update(rejoins.get(run["killed"][0]["rank"], {}))
   for fault in _SILENCES:
     if run.get(fault):
       out.update(_silence_metrics(run, fault, cfg, loss_of))
@@ -316,9 +328,10 @@ def table(result: dict) -> str:
                  "in CPU time")
   for name, r in rows.items():
     if "killed" in r:
-      lines.append(f"{name}: killed rank {r['killed']['rank']} at step {r['killed']['step']}; "
+      ranks = ", ".join(str(k["rank"]) for k in r["killed"])
+      lines.append(f"{name}: killed rank {ranks} at step {r['killed'][0]['step']}; "
                    f"detected in {r['detection_s'] * 1e3:.1f} ms" if r.get("detection_s")
-                   is not None else f"{name}: killed rank {r['killed']['rank']}")
+                   is not None else f"{name}: killed rank {ranks}")
       if r.get("failed"):
         lines.append(f"  failed after {r['failed_after_s']:.2f} s: {r['failed']}")
       else:

@@ -7,25 +7,32 @@ time and the time its calls were blocked on the network
 killed peer. Each round's outer parameters go to ``<out>/w<rank>_r<round>.npy``
 for the driver to average and evaluate.
 
-A stopped worker (``stop``: rank, round and seconds; halfway through the
-round a child of it SIGSTOPs it and SIGCONTs it that many seconds later) is
-dropped as stuck by the peers that wait for it; every gossip worker calls
-``jaxcc.optim.admit`` at the start of each round, through which the stopped
-one, back, rejoins. A cut-off worker (``partition``: rank, round and
-seconds; on the testbed only) sets its host's link down halfway through the
-round and up again that many seconds later, training on meanwhile: its peers
-drop it as stuck, it finds itself cut off from the majority in ``admit``,
-waits there, and rejoins once the link is back. A killed worker (``kill``:
-rank and round; it SIGKILLs itself halfway through the round) is restarted
-by the launcher. A slow worker (``slow``: rank and factor) takes ``factor``
-times as long per inner step (it sleeps ``factor - 1`` times each step's
-unblocked time after it): its peers wait for it and never drop it (its
-transport beats). The first step compiles and is not slowed. With ``rejoin``
-(a round) the restart takes its state back with ``jaxcc.optim.rejoin``: every survivor calls
-``jaxcc.optim.admit`` at the start of each round, waiting at round ``rejoin``
-for the restart to ask, so it rejoins two rounds on, its state sent by its
-ring successor. A cut-off worker that jax's coordination agent ended (the
-launcher restarts it) rejoins likewise. Otherwise the restart exits at once.
+With a fault, every gossip worker calls ``jaxcc.optim.admit`` at the start
+of each round (from round ``rejoin`` where a killed worker rejoins); with
+``rejoin`` (a round) the others' ``admit`` waits at that round for the
+faulty worker to ask to rejoin (its restart, or itself back from a stop or
+a cut), so that a short run does not end before it is back. A stopped worker
+(``stop``: rank, round and seconds; halfway through the round a child of it
+SIGSTOPs it and SIGCONTs it that many seconds later) is dropped as stuck by
+the peers that wait for it and, back, rejoins through ``admit``. A cut-off
+worker (``partition``: rank, round and seconds; on the testbed only) sets
+its host's link down halfway through the round and up again that many
+seconds later, training on meanwhile: its peers drop it as stuck, it finds
+itself cut off from the majority in ``admit``, waits there, and rejoins once
+the link is back. A killed worker (``kill``: rank, or a list of ranks killed
+at once, and round; it SIGKILLs itself halfway through the round) is
+restarted by the launcher. With ``rejoin`` the restart takes its state back
+with ``jaxcc.optim.rejoin``: it rejoins two rounds after ``rejoin``, its
+state sent by its ring successor. With ``kill_in_rejoin`` too the restart SIGKILLs
+itself once its peers decided the round it rejoins at, before its state
+comes, and its next restart rejoins: the survivors wait at round
+``rejoin + 3`` for it to ask. A cut-off worker that jax's
+coordination agent ended (the launcher restarts it) rejoins likewise.
+Otherwise the restart exits at once. A slow worker (``slow``: rank and
+factor) takes ``factor`` times as long per inner step (it sleeps ``factor -
+1`` times each step's unblocked time after it): its peers wait for it and
+never drop it (its transport beats). The first step compiles and is not
+slowed.
 """
 
 from __future__ import annotations
@@ -117,17 +124,19 @@ def main():
   def outer(params, state):
     return jaxcc.optim.outer_params(state) if method == "diloco" or gossip else params
 
-  kill = cfg.get("kill")  # [rank, round]
+  kill = cfg.get("kill")  # [rank or ranks, round]
   stop = cfg.get("stop")  # [rank, round, seconds]
   rejoin = cfg.get("rejoin")
   slow = cfg.get("slow")  # [rank, factor]
   partition = cfg.get("partition")  # [rank, round, seconds]
   fault = kill or stop or partition
-  victim = fault[0] if fault else None
+  victims = [] if not fault else fault[0] if isinstance(fault[0], list) else [fault[0]]
   first = 0
   record = {"rank": me, "method": method, "incarnation": job.incarnation, "step": [], "wall": [],
             "blocked": [], "cpu": [], "loss": [], "round_end": {}, "lost": {}, "failed": None}
   if job.incarnation:  # the restarted victim: its state from a live peer
+    if cfg.get("kill_in_rejoin") and job.incarnation == 1:
+      _kill_once_decided(me, cfg["out"])
     # Compiled first, the step and what a round's end runs: once admitted, its peers wait
     # for its pieces.
     step = step.lower(params, state, to_global(data[0])).compile()
@@ -142,12 +151,10 @@ def main():
   i = first
   while i < steps:
     r, h = divmod(i, every)
-    if me == victim and job.incarnation == 0 and i == fault[1] * every + every // 2:
+    if me in victims and job.incarnation == 0 and i == fault[1] * every + every // 2:
       happened = {"rank": me, "time": time.time(), "step": i}
       if kill:
-        with open(os.path.join(cfg["out"], "killed.json"), "w") as f:
-          json.dump(happened, f)
-        os.kill(os.getpid(), signal.SIGKILL)
+        _die(os.path.join(cfg["out"], f"killed_{me}.json"), happened)
       name = "stopped" if stop else "partitioned"
       with open(os.path.join(cfg["out"], f"{name}.json"), "w") as f:
         json.dump(dict(happened, seconds=fault[2]), f)
@@ -163,16 +170,20 @@ def main():
           record["healed_at"] = time.time()
 
         threading.Timer(partition[2], heal).start()
-    if h == 0 and gossip and (rejoin is not None or stop or partition) and r >= (rejoin or 0):
+    if h == 0 and gossip and fault and r >= (rejoin if kill and rejoin is not None else 0):
+      wait = r == rejoin or (cfg.get("kill_in_rejoin") and r == rejoin + 3)
       try:
-        (params, state), _, resume_at, cut_off_s = jaxcc.optim.admit(
-            (params, state), r, admitted, wait_for=[victim] if kill and r == rejoin else (),
+        (params, state), joined, resume_at, cut_off_s = jaxcc.optim.admit(
+            (params, state), r, admitted, wait_for=victims if wait else (),
             timeout_s=cfg.get("timeout_s", 300))
       except (TimeoutError, RuntimeError) as e:
         record["failed"] = {"step": i, "time": time.time(), "error": str(e)[:600]}
         break
       if cut_off_s:
         record.setdefault("cut_off", []).append({"round": r, "seconds": cut_off_s})
+      for q in joined:
+        record.setdefault("admitted", []).append({"round": r, "rank": q,
+                                                  "incarnation": admitted[q]})
       if resume_at is not None:  # this process was dropped as stuck and rejoined
         record.update(rejoined_at_round=resume_at, rejoin_source=None)
         i = resume_at * every
@@ -213,6 +224,27 @@ def main():
   print(json.dumps(record), flush=True)
   # No shutdown: its RPCs and the wait for a failed call's token would fail on a lost peer.
   os._exit(0)
+
+
+def _die(path: str, happened: dict) -> None:
+  """Writes ``happened`` to ``path``, then SIGKILLs this process."""
+  with open(path, "w") as f:
+    json.dump(happened, f)
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_once_decided(me: int, out: str) -> None:
+  """Kills this process (in a thread) once its peers decided the round it rejoins at: they
+  wait for it and its source is to send it its state."""
+  from jaxcc._src import compat
+  from jaxcc.optim import _rejoin
+
+  def watch():
+    while compat.kv_try_get(f"{_rejoin._KV}/decision/{me}/1") is None:
+      time.sleep(0.01)
+    _die(os.path.join(out, "killed_in_rejoin.json"), {"rank": me, "time": time.time()})
+
+  threading.Thread(target=watch, daemon=True).start()
 
 
 def _set_link(state: str) -> None:

@@ -39,6 +39,12 @@ TCP transport for the state:
    of the source into local shard i of q), takes the counts as its ranks'
    (so its next exchanges meet the others') and resumes at the decided round.
 
+A rejoiner that dies before its round (killed while it waits) is lost again:
+the source finds its connection closed and sends nothing, the workers'
+exchanges take it out of their views at their next sync, and its next
+incarnation asks anew (``ready/q = k + 1``: a new decision, from the views
+of that round).
+
 A stuck worker (stopped, or cut off: it sent nothing for half a round while
 a peer waited for its piece; ``jaxcc._src.gossip_exchange``) is dropped by
 each peer that waited for it: the peer closes its connection, so it leaves
@@ -199,9 +205,10 @@ def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
     round_: the round about to start.
     admitted: a dict this worker keeps across rounds (starts empty): per process, the
       incarnation it admitted last.
-    wait_for: processes whose request to rejoin this worker waits for at this round, live
-      in its view or not (a benchmark's fixed schedule; every live worker must name the
-      same at the same round, and the others wait on it meanwhile).
+    wait_for: processes whose request to rejoin this worker waits for at this round (from
+      an incarnation after the one it admitted last), live in its view or not (a
+      benchmark's fixed schedule; every live worker must name the same at the same round,
+      and the others wait on it meanwhile).
     timeout_s: limit of each wait (default ``JAXCC_TIMEOUT_S``).
 
   Returns:
@@ -210,6 +217,7 @@ def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
 
   Raises:
     RuntimeError: this process was cut off from the job's majority for ``timeout_s``.
+    TimeoutError: a process of ``wait_for`` did not ask within ``timeout_s``.
   """
   me, n = jax.process_index(), jax.process_count()
   timeout_s = config.timeout_s() if timeout_s is None else timeout_s
@@ -230,7 +238,7 @@ def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
     if _STUCK in cpu.tcp_lost(q):
       for key in (f"{_KV}/dropped/{q}", f"{_KV}/dropped/{q}/by/{me}"):
         compat.kv_set(key, str(admitted.get(q, 0)), overwrite=True)
-    asked = (compat.kv_get(f"{_KV}/ready/{q}", timeout_s) if q in wait_for else
+    asked = (_await_request(q, admitted.get(q, 0), timeout_s) if q in wait_for else
              compat.kv_try_get(f"{_KV}/ready/{q}"))
     if asked is None or int(asked) <= admitted.get(q, 0):
       continue
@@ -266,7 +274,11 @@ def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
                instances=counts[np.isin(counts[:, 2], ranks)],
                **{f"a{i}_{j}": np.asarray(s.data) for i, a in enumerate(leaves)
                   for j, s in enumerate(a.addressable_shards)})
-      cpu.tcp_send_bytes(q, _TAG + k, buf.getvalue())
+      try:
+        cpu.tcp_send_bytes(q, _TAG + k, buf.getvalue())
+      except RuntimeError as e:  # q died asking; the exchange takes it out of the view
+        logger.warning("jaxcc.optim.admit: process %d could not send its state to process %d, "
+                       "incarnation %d, rejoining at round %d: %s", me, q, k, round_, e)
   return Admission(tree, joined, None, cut_off_s)
 
 
@@ -284,6 +296,17 @@ def _reach(cpu, me: int, n: int) -> tuple[list[int], list[int]]:
     elif _STUCK in lost:
       unheard.append(q)
   return heard, unheard
+
+
+def _await_request(q: int, after: int, timeout_s: float) -> str:
+  """``ready/q`` once it names an incarnation after ``after``."""
+  deadline = time.monotonic() + timeout_s
+  while (asked := compat.kv_try_get(f"{_KV}/ready/{q}")) is None or int(asked) <= after:
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"jaxcc.optim.admit: process {q} did not ask to rejoin (as an "
+                         f"incarnation after {after}) within {timeout_s:g} s")
+    time.sleep(_POLL_S)
+  return asked
 
 
 def _retrying(call, timeout_s: float):

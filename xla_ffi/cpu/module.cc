@@ -81,15 +81,18 @@ NB_MODULE(_jaxcc_cpu, m) {
   jaxcc::DefineRegistrations(m, kTargets);
   m.def(
       "tcp_start",
-      [](int process, std::vector<int> fds, std::vector<nb::bytes> keys, bool integrity) {
+      [](int process, std::vector<int> fds, std::vector<nb::bytes> keys, bool integrity,
+         const std::string& unconnected) {
         std::vector<std::string> key_bytes;
         for (const nb::bytes& k : keys) key_bytes.emplace_back(k.c_str(), k.size());
-        Raise(jaxcc::TcpStart(process, fds, key_bytes, integrity));
+        Raise(jaxcc::TcpStart(process, fds, key_bytes, integrity, unconnected));
       },
       nb::arg("process"), nb::arg("fds"), nb::arg("keys"), nb::arg("integrity"),
+      nb::arg("unconnected") = "",
       "Starts the TCP transport as `process` over authenticated sockets: fds[q] to process q, "
       "-1 for this one, keys[q] its connection key; with `integrity` every frame carries an "
-      "HMAC-SHA256 under it. Takes the sockets over.");
+      "HMAC-SHA256 under it. Takes the sockets over. fds[q] = -1 for another process: not "
+      "connected, its connection lost for the reason `unconnected` until tcp_rejoin.");
   m.def(
       "tcp_rejoin",
       [](int process, int fd, nb::bytes key) {

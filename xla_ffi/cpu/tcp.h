@@ -57,9 +57,12 @@ class Engine;
 // Starts the process-wide engine as `process` over connected, authenticated
 // sockets: fds[q] for process q, -1 for this process, keys[q] the key its
 // handshake made; with `integrity` every frame carries a MAC under it. Takes
-// the sockets over. Returns an error message, empty on success.
+// the sockets over. fds[q] = -1 for another process q: not connected (yet),
+// its connection starts lost for `unconnected` (then required), until
+// TcpRejoin. Returns an error message, empty on success.
 std::string TcpStart(int process, const std::vector<int>& fds,
-                     const std::vector<std::string>& keys, bool integrity);
+                     const std::vector<std::string>& keys, bool integrity,
+                     const std::string& unconnected);
 // Replaces the connection to process q (lost, or q restarted) by the
 // authenticated socket fd with its key. Takes fd over.
 std::string TcpRejoin(int q, int fd, const std::string& key);

@@ -808,7 +808,8 @@ void Engine::Write(int q) {
 }  // namespace tcp
 
 std::string TcpStart(int process, const std::vector<int>& fds,
-                     const std::vector<std::string>& keys, bool integrity) {
+                     const std::vector<std::string>& keys, bool integrity,
+                     const std::string& unconnected) {
   std::lock_guard<std::mutex> lock(tcp::g_start_mu);
   if (tcp::Started()) return "the TCP transport is already started in this process";
   if (process < 0 || static_cast<size_t>(process) >= fds.size() || keys.size() != fds.size()) {
@@ -816,9 +817,9 @@ std::string TcpStart(int process, const std::vector<int>& fds,
            " sockets and " + std::to_string(keys.size()) + " keys: need one of each per process";
   }
   for (size_t q = 0; q < fds.size(); ++q) {
-    if ((static_cast<int>(q) == process) != (fds[q] < 0)) {
-      return "need one socket per other process, got " + std::to_string(fds[q]) +
-             " for process " + std::to_string(q);
+    if (static_cast<int>(q) == process ? fds[q] >= 0 : fds[q] < 0 && unconnected.empty()) {
+      return "need one socket per other process (or a reason it has none), got " +
+             std::to_string(fds[q]) + " for process " + std::to_string(q);
     }
     if (fds[q] >= 0 && fcntl(fds[q], F_SETFL, fcntl(fds[q], F_GETFL) | O_NONBLOCK) < 0) {
       return "fcntl(O_NONBLOCK) on the socket to process " + std::to_string(q) + ": " +
@@ -830,6 +831,12 @@ std::string TcpStart(int process, const std::vector<int>& fds,
   if (wake_fd < 0) return "eventfd: " + tcp::Errno(errno);
   // Lives as long as the process.
   tcp::Engine* engine = new tcp::Engine(process, fds, keys, integrity, wake_fd);
+  {
+    std::lock_guard<std::mutex> lock(engine->mu);
+    for (size_t q = 0; q < fds.size(); ++q) {
+      if (static_cast<int>(q) != process && fds[q] < 0) engine->Lose(static_cast<int>(q), unconnected);
+    }
+  }
   std::thread([engine] { engine->Run(); }).detach();
   tcp::g_engine.store(engine);
   return "";
