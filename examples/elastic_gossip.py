@@ -51,12 +51,11 @@ def train(steps: int, sync_every: int, kill: tuple[int, int] | None) -> dict:
   tx = optax.chain(inner_optimizer(steps), jaxcc.optim.gossip_diloco(AXIS, sync_every))
   mesh = jax.make_mesh((n,), (AXIS,), devices=jax.devices())
   sharding = NamedSharding(mesh, P(AXIS))
-  device = jax.local_devices()[0]
 
   def stacked(tree):
     """This process' ``tree`` as its row of global arrays sharded over the workers."""
-    return jax.tree.map(lambda a: jax.make_array_from_single_device_arrays(
-        (n,) + np.shape(a), sharding, [jax.device_put(np.asarray(a)[None], device)]), tree)
+    return jax.tree.map(
+        lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)[None]), tree)
 
   def on_workers(body):
     def per_worker(*args):

@@ -96,11 +96,10 @@ def main():
 
   mesh = jax.make_mesh((n,), (axis,), devices=jax.devices())
   sharding = NamedSharding(mesh, P(axis))
-  device = jax.local_devices()[0]
 
   def to_global(tree):
-    return jax.tree.map(lambda a: jax.make_array_from_single_device_arrays(
-        (n,) + np.shape(a), sharding, [jax.device_put(np.asarray(a)[None], device)]), tree)
+    return jax.tree.map(
+        lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)[None]), tree)
 
   def to_local(tree):
     return jax.tree.map(lambda a: np.asarray(a.addressable_shards[0].data)[0], tree)
