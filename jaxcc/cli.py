@@ -204,12 +204,12 @@ def _parse_degrade(text: str) -> tuple[int, float, int]:
     raise argparse.ArgumentTypeError(f"expected RANK:FRACTION@STEP, got {text!r}") from None
 
 
-def _parse_kill(text: str) -> tuple[int, int]:
-  rank, _, at = text.partition("@")
+def _parse_kill(text: str) -> tuple[tuple[int, ...], int]:
+  ranks, _, at = text.partition("@")
   try:
-    return int(rank), int(at)
+    return tuple(int(r) for r in ranks.split(",")), int(at)
   except ValueError:
-    raise argparse.ArgumentTypeError(f"expected RANK@ROUND, got {text!r}") from None
+    raise argparse.ArgumentTypeError(f"expected RANK[,RANK...]@ROUND, got {text!r}") from None
 
 
 def _parse_stop(text: str) -> tuple[int, int, float]:
@@ -331,8 +331,8 @@ def _parser() -> argparse.ArgumentParser:
                   "jaxcc's TCP transport: per method (and with codec entropy) the averaged "
                   "model's loss at equal steps and equal wall time, utilization, blocked "
                   "time per round and bytes sent; --kill RANK@ROUND SIGKILLs a worker "
-                  "(process 0 too) in gossip and DiLoCo runs, --rejoin ROUND "
-                  "restarts it in gossip; --stop RANK@ROUND:SECONDS SIGSTOPs one in a "
+                  "(process 0 too; RANK,RANK@ROUND several at once) in gossip and DiLoCo "
+                  "runs, --rejoin ROUND restarts it in gossip; --stop RANK@ROUND:SECONDS SIGSTOPs one in a "
                   "gossip run and --partition RANK@ROUND:SECONDS cuts its host's link; "
                   "--exchange native,host runs the gossip methods on "
                   "both paths of the gossip exchange.")
@@ -340,8 +340,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--rate", default="50mbit", help="link rate of every host (default 50mbit)")
   p.add_argument("--steps", type=int, default=400, help="inner steps (default 400)")
   p.add_argument("--sync-every", type=int, default=20, help="inner steps per round (default 20)")
-  p.add_argument("--kill", type=_parse_kill, metavar="RANK@ROUND",
-                 help="SIGKILL worker RANK halfway through round ROUND")
+  p.add_argument("--kill", type=_parse_kill, metavar="RANK[,RANK...]@ROUND",
+                 help="SIGKILL worker RANK (each of them, at once) halfway through round ROUND")
   p.add_argument("--rejoin", type=int, metavar="ROUND",
                  help="with --kill: restart it; it rejoins gossip two rounds after ROUND")
   p.add_argument("--stop", type=_parse_stop, metavar="RANK@ROUND:SECONDS",

@@ -205,12 +205,15 @@ def test_bench_diloco_refuses_a_fault_that_cannot_happen_before_any_work(capsys,
                      (["--kill", "1@0"], "round 0 is not one of rounds 1 to 19"),
                      (["--kill", "1@17", "--rejoin", "3"], "must come before the last (19)"),
                      (["--rejoin", "3"], "--rejoin 3: needs --kill"),
+                     (["--kill", "1@17", "--rejoin", "19"], "must come before the last (19)"),
+                     (["--kill", "1,1@2"], "--kill 1,1@2: the ranks must differ"),
+                     (["--kill", "0,1,2,3@2"], "and leave a worker alive"),
                      (["--stop", "2@3:0"], "0.0 seconds is not a positive time")):
     assert cli.main(["bench", "diloco", *argv]) == 1
     assert said in capsys.readouterr().err
   with pytest.raises(SystemExit):
     cli.main(["bench", "diloco", "--kill", "two@2"])
-  assert "expected RANK@ROUND" in capsys.readouterr().err
+  assert "expected RANK[,RANK...]@ROUND" in capsys.readouterr().err
   for flag, value in (("--methods", "gossip_b2"), ("--exchange", "native,ffi")):
     with pytest.raises(SystemExit):
       cli.main(["bench", "diloco", flag, value])

@@ -196,22 +196,27 @@ def _check_faults(workers: int, rounds: int, kill, rejoin, stop, partition) -> N
   for name, fault in (("kill", kill), ("stop", stop), ("partition", partition)):
     if fault is None:
       continue
-    rank, at = fault[0], fault[1]
-    if not 0 <= rank < workers:
-      raise ValueError(f"--{name} {rank}@{at}: process {rank} is not one of the {workers} workers")
+    ranks, at = (fault[0] if name == "kill" else (fault[0],)), fault[1]
+    spelled = f"--{name} {','.join(map(str, ranks))}@{at}"
+    for rank in ranks:
+      if not 0 <= rank < workers:
+        raise ValueError(f"{spelled}: process {rank} is not one of the {workers} workers")
+    if len(set(ranks)) != len(ranks) or len(ranks) >= workers:
+      raise ValueError(f"{spelled}: the ranks must differ and leave a worker alive")
     if not 1 <= at < rounds:
-      raise ValueError(f"--{name} {rank}@{at}: round {at} is not one of rounds 1 to "
+      raise ValueError(f"{spelled}: round {at} is not one of rounds 1 to "
                        f"{rounds - 1} (the first round runs without a fault)")
   for name, fault in (("stop", stop), ("partition", partition)):
     if fault is not None and not fault[2] > 0:
       raise ValueError(f"--{name}: {fault[2]} seconds is not a positive time")
-  if rejoin is not None and (kill is None or not kill[1] + rejoin < rounds):
-    raise ValueError(f"--rejoin {rejoin}: needs --kill, and the round it rejoins at must "
-                     f"come before the last ({rounds - 1})")
+  if rejoin is not None and (kill is None or not kill[1] < rejoin < rounds - 2):
+    raise ValueError(f"--rejoin {rejoin}: needs --kill, a round after the kill's, and the "
+                     f"round it rejoins at (two on) must come before the last ({rounds - 1})")
 
 
 def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: int = 20,
-        codecs=(None, "entropy"), methods=METHODS, kill: tuple[int, int] | None = None,
+        codecs=(None, "entropy"), methods=METHODS,
+        kill: tuple[tuple[int, ...], int] | None = None,
         rejoin: int | None = None, stop: tuple[int, int, float] | None = None,
         partition: tuple[int, int, float] | None = None,
         width: int | None = None, layers: int | None = None,
@@ -241,8 +246,9 @@ def run(workers: int = 4, rate: str = "50mbit", steps: int = 400, sync_every: in
       cfg = dict(base, method=method, codec=codec, exchange=path)
       respawn = ()
       if fault and fault[0] == "kill":
-        cfg.update(kill=list(fault[1]), rejoin=rejoin if method.startswith("gossip") else None)
-        respawn = {fault[1][0]}
+        cfg.update(kill=[list(fault[1][0]), fault[1][1]],
+                   rejoin=rejoin if method.startswith("gossip") else None)
+        respawn = set(fault[1][0])
       elif fault:
         cfg[fault[0]] = list(fault[1])
         # jax's coordination agent may end a cut-off worker once the cut heals: it restarts.
