@@ -304,7 +304,8 @@ def _start() -> None:
     listener.bind((host, 0))
     listener.listen(n)
     if compat.kv_try_get(f"{_KEY}/addr/{me}") is not None:
-      return _restart(listener, host, family, integrity, deadline)
+      _restart(listener, host, family, integrity, deadline)
+      return
     compat.kv_set(f"{_KEY}/addr/{me}", f"[{host}]:{listener.getsockname()[1]}")
     if me == 0:
       compat.kv_set(f"{_KEY}/secret", secrets.token_hex(32))
