@@ -332,10 +332,10 @@ def _parser() -> argparse.ArgumentParser:
                   "model's loss at equal steps and equal wall time, utilization, blocked "
                   "time per round and bytes sent; --kill RANK@ROUND SIGKILLs a worker "
                   "(process 0 too; RANK,RANK@ROUND several at once) in gossip and DiLoCo "
-                  "runs, --rejoin ROUND restarts it in gossip; --stop RANK@ROUND:SECONDS SIGSTOPs one in a "
-                  "gossip run and --partition RANK@ROUND:SECONDS cuts its host's link; "
-                  "--exchange native,host runs the gossip methods on "
-                  "both paths of the gossip exchange.")
+                  "runs, --rejoin ROUND restarts it in gossip; --stop RANK@ROUND:SECONDS "
+                  "SIGSTOPs one in a gossip run and --partition RANK@ROUND:SECONDS cuts its "
+                  "host's link; --exchange native,host runs the gossip methods on both paths "
+                  "of the gossip exchange.")
   p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
   p.add_argument("--rate", default="50mbit", help="link rate of every host (default 50mbit)")
   p.add_argument("--steps", type=int, default=400, help="inner steps (default 400)")

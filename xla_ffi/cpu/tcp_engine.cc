@@ -834,7 +834,9 @@ std::string TcpStart(int process, const std::vector<int>& fds,
   {
     std::lock_guard<std::mutex> lock(engine->mu);
     for (size_t q = 0; q < fds.size(); ++q) {
-      if (static_cast<int>(q) != process && fds[q] < 0) engine->Lose(static_cast<int>(q), unconnected);
+      if (static_cast<int>(q) != process && fds[q] < 0) {
+        engine->Lose(static_cast<int>(q), unconnected);
+      }
     }
   }
   std::thread([engine] { engine->Run(); }).detach();
