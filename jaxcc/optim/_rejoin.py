@@ -22,9 +22,12 @@ TCP transport for the state:
    proposal stands, whoever made it, and every worker reads the same
    decision. The
    source is the first live process after q in ring order (q + 1, q + 2, ...
-   modulo the process count): a neighbour rather than a fixed process, so
-   rejoins of processes far apart on the ring draw on different peers, and
-   process 0 is a source only where it is the first live one after q. Gossip
+   modulo the process count) that has put round r or a later one: a
+   neighbour rather than a fixed process, so rejoins of processes far apart
+   on the ring draw on different peers, and process 0 is a source only where
+   it is the first such one after q. A view may not have seen a death in the
+   round it happened in (the sync came first); a process that has not
+   reached round r (dead, restarting, or behind) is passed over. Gossip
    lets workers drift rounds apart (a lost peer breaks the ring into a
    chain); counted from the furthest one, two rounds of slack let every
    worker see the decision before its round. One that sees it too late (past
@@ -246,9 +249,12 @@ def admit(tree, round_: int, admitted: dict[int, int], *, wait_for=(),
     key = f"{_KV}/decision/{q}/{k}"
     decision = compat.kv_try_get(key)
     if decision is None:
-      source = next(s for s in ((q + i) % n for i in range(1, n)) if live[s])
-      furthest = max([round_] + [int(r) for r in map(compat.kv_try_get, (
-          f"{_KV}/round/{p}" for p in range(n) if p != q)) if r is not None])
+      rounds = {p: int(r) for p in range(n) if p != q
+                and (r := compat.kv_try_get(f"{_KV}/round/{p}")) is not None}
+      # This process qualifies: it is live here and put this round.
+      source = next(s for s in ((q + i) % n for i in range(1, n))
+                    if live[s] and rounds.get(s, -1) >= round_)
+      furthest = max([round_, *rounds.values()])
       try:
         compat.kv_set(key, f"{furthest + 2}/{source}")
       except jax.errors.JaxRuntimeError:  # another worker's proposal came first: it stands
