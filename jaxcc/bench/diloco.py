@@ -53,18 +53,18 @@ def run_method(cluster, cfg: dict, respawn=(), max_restarts: int = 1) -> dict:
                       "JAXCC_EXCHANGE": cfg.get("exchange", "native")})
   records = [p.json() for p in procs]
   sent = [cluster.bytes(i)[0] - before[i] for i in range(cluster.n)] if cluster else None
-  faults = {}
-  for fault in ("killed_in_rejoin",) + _SILENCES:
-    if os.path.exists(os.path.join(out, f"{fault}.json")):
-      with open(os.path.join(out, f"{fault}.json")) as f:
-        faults[fault] = json.load(f)
-  killed = []
-  for rank in range(cfg["workers"]):
-    if os.path.exists(os.path.join(out, f"killed_{rank}.json")):
-      with open(os.path.join(out, f"killed_{rank}.json")) as f:
-        killed.append(json.load(f))
+  killed = [k for k in (_fault(out, f"killed_{rank}") for rank in range(cfg["workers"])) if k]
   return {"records": records, "bytes_sent": sent, "dir": out, "killed": killed or None,
-          **{fault: faults.get(fault) for fault in ("killed_in_rejoin",) + _SILENCES}}
+          **{fault: _fault(out, fault) for fault in ("killed_in_rejoin",) + _SILENCES}}
+
+
+def _fault(out: str, name: str) -> dict | None:
+  """What a worker wrote of a fault to ``<out>/<name>.json``; None if it did not happen."""
+  path = os.path.join(out, f"{name}.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
 
 
 def evaluate(run: dict, cfg: dict) -> dict:
