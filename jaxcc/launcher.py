@@ -25,12 +25,12 @@ only, once its connection to the service breaks (a cut of 20 s on the
 testbed may: the service resets it). A process whose id is in ``respawn`` may be
 SIGKILLed or so aborted up to ``max_restarts`` times: the launcher then starts
 it again, with ``JAXCC_INCARNATION`` one more, within the same time limit.
-Every process runs in its own process group, in the launcher's session (a session of its own would
-put it in a scheduler autogroup of its own, which on a shared host gave the
-native transport's progress threads 30-40% less time than in a real job);
-before ``launch`` returns or raises (an error, a timeout, an interrupt) it
-kills each process group, the service's too, so no process it started, nor
-any child of one, is left behind.
+Every process runs in its own process group, in the launcher's session (a
+session of its own would put it in a scheduler autogroup of its own, which on
+a shared host gave the native transport's progress threads 30-40% less time
+than in a real job); before ``launch`` returns or raises (an error, a
+timeout, an interrupt) it kills each process group, the service's too, so no
+process it started, nor any child of one, is left behind.
 """
 
 from __future__ import annotations
